@@ -1,0 +1,65 @@
+// Small helpers shared by the torch-side kernels: argument checks that raise
+// clear Python exceptions (TypeError / ValueError naming op and argument) and
+// the mapping of torch storage types onto the compute cores' types.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <string>
+#include <vector>
+
+#include "core/broadcast.h"
+#include "core/half.h"
+
+namespace opforge {
+
+// torch scalar type -> compute-core scalar type (identical bit layout).
+template <typename T>
+struct core_scalar {
+  using type = T;
+};
+template <>
+struct core_scalar<c10::Half> {
+  using type = core::float16_t;
+};
+template <>
+struct core_scalar<c10::BFloat16> {
+  using type = core::bfloat16_t;
+};
+static_assert(sizeof(c10::Half) == sizeof(core::float16_t), "Half layout");
+static_assert(sizeof(c10::BFloat16) == sizeof(core::bfloat16_t), "BFloat16 layout");
+
+template <typename T>
+inline const typename core_scalar<T>::type* core_ptr(const at::Tensor& t) {
+  return reinterpret_cast<const typename core_scalar<T>::type*>(t.const_data_ptr<T>());
+}
+template <typename T>
+inline typename core_scalar<T>::type* core_mutable_ptr(at::Tensor& t) {
+  return reinterpret_cast<typename core_scalar<T>::type*>(t.mutable_data_ptr<T>());
+}
+
+inline bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Element strides of `t` viewed as broadcast to `out_shape` (0 on broadcast dims).
+inline std::vector<int64_t> broadcast_strides(const at::Tensor& t, at::IntArrayRef out_shape) {
+  const int64_t n = static_cast<int64_t>(out_shape.size());
+  const int64_t offset = n - t.dim();
+  std::vector<int64_t> strides(n, 0);
+  for (int64_t i = offset; i < n; ++i) {
+    const int64_t j = i - offset;
+    strides[i] = (t.size(j) == 1 && out_shape[i] != 1) ? 0 : t.stride(j);
+  }
+  return strides;
+}
+
+inline std::string shape_str(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace opforge
