@@ -1,0 +1,33 @@
+"""opforge: PyTorch custom operators end to end.
+
+``import opforge`` loads the torch extension (``torch.ops.opforge.*``), registers
+every op's fake impl and autograd, its ONNX schema, and its TorchScript symbolics
+(so plain ``torch.onnx.export(..., dynamo=False)`` works); ``opforge.export``
+also wires the dynamo exporter; ``opforge.ort_session`` / ``ort_library_path``
+run the exported models in ONNX Runtime.
+"""
+
+from . import ops, spec, symbolics
+from .export import export
+from .ops import MyAdd, MyAddFunction, my_add
+from .ort_kernels import MissingOpforgeKernels, ort_library_path, ort_session
+from .symbolics import standard_onnx, translation_table
+
+__version__ = "0.1.0"
+
+symbolics.register_all()
+
+__all__ = [
+    "MissingOpforgeKernels",
+    "MyAdd",
+    "MyAddFunction",
+    "export",
+    "my_add",
+    "ops",
+    "ort_library_path",
+    "ort_session",
+    "spec",
+    "standard_onnx",
+    "symbolics",
+    "translation_table",
+]

@@ -1,0 +1,30 @@
+"""Export rules for every opforge op, for both torch exporters.
+
+* :mod:`.torchscript`: symbolics for ``torch.onnx.export(..., dynamo=False)``
+* :mod:`.dynamo`: the ``custom_translation_table`` for ``dynamo=True``
+* :mod:`.onnx_schema`: ``OpSchema`` of the ``opforge`` ONNX domain
+* :mod:`.reference`: ``onnx.reference`` implementations
+* :mod:`.lowering`: choose standard ONNX instead of the custom node
+"""
+
+from . import dynamo, lowering, onnx_schema, reference, torchscript
+from .dynamo import translation_table
+from .lowering import standard_onnx
+
+
+def register_all() -> None:
+    """Makes every op known to ONNX (schemas) and to the TorchScript exporter."""
+    onnx_schema.register_all()
+    torchscript.register_all()
+
+
+__all__ = [
+    "dynamo",
+    "lowering",
+    "onnx_schema",
+    "reference",
+    "torchscript",
+    "translation_table",
+    "standard_onnx",
+    "register_all",
+]

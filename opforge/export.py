@@ -1,0 +1,98 @@
+"""One export call for both torch exporters, with opforge's ops wired in."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import onnx
+import torch
+
+from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
+from .symbolics import dynamo as _dynamo
+from .symbolics import lowering
+
+#: Default opsets: the dynamo exporter's own default, and the newest the TorchScript exporter knows.
+DEFAULT_DYNAMO_OPSET = 18
+DEFAULT_TORCHSCRIPT_OPSET = TORCHSCRIPT_OPSETS[-1]
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple,
+    f: Optional[os.PathLike | str] = None,
+    *,
+    dynamo: bool = True,
+    opset_version: Optional[int] = None,
+    standard_onnx: lowering.StandardOnnx = None,
+    input_names: Optional[Sequence[str]] = None,
+    output_names: Optional[Sequence[str]] = None,
+    dynamic_shapes: Any = None,
+    dynamic_axes: Optional[Mapping[str, Any]] = None,
+    kwargs: Optional[dict] = None,
+    check: bool = True,
+    **export_options: Any,
+) -> onnx.ModelProto:
+    """Exports ``model(*args)`` to ONNX with either exporter and returns the ModelProto.
+
+    * ``dynamo=True`` (torch's default): ``torch.onnx.export(..., dynamo=True)`` with
+      opforge's ``custom_translation_table``; dynamic dims via ``dynamic_shapes`` (or ``dynamic_axes``).
+    * ``dynamo=False``: the TorchScript exporter (opsets 9..20) with opforge's symbolics and
+      ``custom_opsets``; dynamic dims via ``dynamic_axes``.
+    * ``standard_onnx``: ``True`` or op names (e.g. ``{"my_add"}``) to export those ops as
+      standard ONNX (my_add -> Mul + Add) instead of ``opforge::`` nodes.
+    * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
+
+    Other keyword arguments go to ``torch.onnx.export`` unchanged. Writes ``f`` if given.
+    """
+    standard = lowering.resolve(standard_onnx)
+    if not isinstance(args, tuple):
+        args = (args,)
+    if dynamo:
+        opset = opset_version or DEFAULT_DYNAMO_OPSET
+        program = torch.onnx.export(
+            model,
+            args,
+            kwargs=kwargs,
+            dynamo=True,
+            opset_version=opset,
+            custom_translation_table=_dynamo.translation_table(standard),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+            dynamic_axes=dynamic_axes,
+            **export_options,
+        )
+        proto = program.model_proto
+    else:
+        opset = opset_version or DEFAULT_TORCHSCRIPT_OPSET
+        if opset not in TORCHSCRIPT_OPSETS:
+            raise ValueError(
+                f"opforge.export: the TorchScript exporter (dynamo=False) supports opsets "
+                f"{TORCHSCRIPT_OPSETS[0]}..{TORCHSCRIPT_OPSETS[-1]}, got opset_version={opset}; "
+                "use dynamo=True for newer opsets"
+            )
+        if dynamic_shapes is not None:
+            raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
+        buffer = io.BytesIO()
+        with lowering.standard_onnx(standard):
+            torch.onnx.export(
+                model,
+                args,
+                buffer,
+                kwargs=kwargs,
+                dynamo=False,
+                opset_version=opset,
+                custom_opsets={DOMAIN: DOMAIN_VERSION},
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+                **export_options,
+            )
+        proto = onnx.load_from_string(buffer.getvalue())
+    if check:
+        onnx.checker.check_model(proto, full_check=True)
+    if f is not None:
+        onnx.save(proto, os.fspath(f))
+    return proto

@@ -1,0 +1,138 @@
+"""my_add(a, b) = 2*a + b, with numpy broadcasting.
+
+Three ways to call it, all the same kernel (opforge/ops/csrc/my_add.cpp, core
+opforge/csrc/core/my_add.h):
+
+* ``opforge.my_add(a, b)`` / ``torch.ops.opforge.my_add(a, b)``: the op itself,
+  differentiable through its registered autograd, traceable by torch.export;
+* ``MyAddFunction.apply(a, b)``: the classic ``torch.autograd.Function`` with a
+  ``symbolic`` staticmethod, the flow of the TorchScript-era tutorials;
+* ``MyAdd()``: an ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import spec as _spec
+from ._registry import register_torch_op
+
+_SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> list:
+    """The checks the C++ kernel makes, for the fake impl (same exception types and text)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"opforge::my_add: a and b must have the same dtype, got a: {a.dtype} and b: {b.dtype}")
+    if a.dtype not in _SUPPORTED:
+        raise TypeError(
+            f"opforge::my_add: a has dtype {a.dtype}; supported dtypes are float16, bfloat16, float32 and float64"
+        )
+    try:
+        return list(torch.broadcast_shapes(a.shape, b.shape))
+    except RuntimeError:
+        raise ValueError(
+            f"opforge::my_add: shapes of a {list(a.shape)} and b {list(b.shape)} are not broadcastable"
+        ) from None
+
+
+def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(_check_inputs(a, b))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b = inputs
+    ctx.a_shape, ctx.b_shape = a.shape, b.shape
+
+
+def _backward(ctx, grad: torch.Tensor):
+    # d(2a+b)/da = 2, d/db = 1; broadcast dims are summed back to each input's shape.
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = (grad * 2).sum_to_size(ctx.a_shape)
+    if ctx.needs_input_grad[1]:
+        grad_b = grad.sum_to_size(ctx.b_shape)
+    return grad_a, grad_b
+
+
+def _reference(a: np.ndarray, b: np.ndarray) -> tuple:
+    # Same arithmetic as the core: in float32 for 16-bit types, one final rounding.
+    acc = np.float32 if a.dtype.itemsize < 4 else a.dtype
+    return (((a.astype(acc) + a.astype(acc)) + b.astype(acc)).astype(a.dtype),)
+
+
+_JIT_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
+
+
+def _standard_torchscript(g, a, b):
+    # The tutorial's lowering: Mul(a, 2) then Add(., b). The constant takes a's
+    # dtype from the traced type (CastLike only exists from opset 15).
+    dtype = _JIT_DTYPES.get(a.type().scalarType()) if a.type().kind() == "TensorType" else None
+    if dtype is not None:
+        two = g.op("Constant", value_t=torch.tensor(2.0, dtype=dtype))
+    elif g.opset >= 15:
+        two = g.op("CastLike", g.op("Constant", value_t=torch.tensor(2.0)), a)
+    else:
+        raise TypeError("opforge::my_add: standard-ONNX export below opset 15 needs a's dtype known at export")
+    return g.op("Add", g.op("Mul", a, two), b)
+
+
+def _standard_dynamo(a, b):
+    from onnxscript import opset18 as op
+
+    return op.Add(op.Mul(a, op.CastLike(2.0, a)), b)
+
+
+MY_ADD = _spec.add(
+    _spec.OpSpec(
+        name="my_add",
+        schema="my_add(Tensor a, Tensor b) -> Tensor",
+        args=(_spec.TensorArg("a", "A", "first operand, scaled by 2"), _spec.TensorArg("b", "B", "second operand")),
+        outputs=("C",),
+        doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
+        fake=_fake,
+        setup_context=_setup_context,
+        backward=_backward,
+        reference=_reference,
+        onnx_output_shapes=lambda shapes, attrs: [_spec.broadcast_dims(*shapes)],
+        standard_torchscript=_standard_torchscript,
+        standard_dynamo=_standard_dynamo,
+    )
+)
+
+my_add_op = register_torch_op(MY_ADD)
+
+
+def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``2*a + b`` (broadcasting; float16/bfloat16/float32/float64), differentiable."""
+    return my_add_op(a, b)
+
+
+class MyAddFunction(torch.autograd.Function):
+    """``MyAddFunction.apply(a, b)``: my_add as an autograd.Function with an ONNX symbolic."""
+
+    @staticmethod
+    def forward(a, b):
+        return my_add_op(a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _backward(ctx, grad)
+
+    @staticmethod
+    def symbolic(g, a, b):
+        from ..symbolics import torchscript
+
+        return torchscript.symbolic(MY_ADD)(g, a, b)
+
+
+class MyAdd(torch.nn.Module):
+    """Module form of :func:`my_add`: ``MyAdd()(a, b) == 2*a + b``."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return my_add_op(a, b)

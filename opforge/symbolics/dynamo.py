@@ -1,0 +1,65 @@
+"""Dynamo-exporter (``torch.onnx.export(..., dynamo=True)``) translations.
+
+``translation_table()`` maps each ``torch.ops.opforge.<op>.default`` to an
+onnxscript (traced) function emitting the ``opforge::<op>`` node, or, for ops
+listed in ``standard_onnx``, the op's standard-ONNX lowering. Pass it as
+``custom_translation_table``; ``opforge.export`` does that for you.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import torch
+from onnxscript import values as _osv
+
+from ..spec import REGISTRY, AttrArg, OpSpec
+from . import lowering
+
+_ANNOTATION = {"int": int, "ints": Sequence[int], "float": float, "bool": bool}
+
+
+def _with_signature(fn: Callable, spec: OpSpec) -> Callable:
+    # The exporter infers each translation's ONNX signature from the Python
+    # signature + annotations (tensors unannotated, attributes typed), so give
+    # the generic *values function the op's real parameter list.
+    fn.__signature__ = spec.signature()
+    fn.__annotations__ = {a.name: _ANNOTATION[a.kind] for a in spec.args if isinstance(a, AttrArg)}
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def custom_translation(spec: OpSpec) -> Callable:
+    """Translation emitting one node of the custom domain (needs the OpSchema registered)."""
+    opset = _osv.Opset(spec.domain, spec.domain_version)
+
+    def translation(*values):
+        inputs, attrs = spec.split_args(values)
+        kinds = {a.onnx_name: a.kind for a in spec.attr_args}
+        attrs = {k: (int(v) if kinds[k] == "bool" else v) for k, v in attrs.items()}
+        return getattr(opset, spec.name)(*inputs, **attrs)
+
+    translation.__name__ = f"{spec.name}_custom"
+    return _with_signature(translation, spec)
+
+
+@functools.lru_cache(maxsize=None)
+def standard_translation(spec: OpSpec) -> Callable:
+    if spec.standard_dynamo is None:
+        raise ValueError(f"opforge: {spec.qualname} has no standard-ONNX lowering")
+
+    def translation(*values):
+        return spec.standard_dynamo(*values)
+
+    translation.__name__ = f"{spec.name}_standard"
+    return _with_signature(translation, spec)
+
+
+def translation_table(standard_onnx: lowering.StandardOnnx = None) -> dict:
+    standard = lowering.resolve(standard_onnx)
+    table = {}
+    for spec in REGISTRY.values():
+        op = getattr(getattr(torch.ops, spec.domain), spec.name).default
+        table[op] = standard_translation(spec) if spec.name in standard else custom_translation(spec)
+    return table
