@@ -1,5 +1,10 @@
 """torch side of my_add: values, dtypes, broadcasting, autograd, opcheck, errors."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -174,3 +179,29 @@ def test_too_many_dims_error():
     a = torch.ones([1] * 17)
     with pytest.raises(ValueError, match="opforge::my_add: at most 16 dimensions"):
         opforge.my_add(a, a)
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_every_cpu_isa_path_is_exact(isa):
+    """The core's loops are compiled for baseline/AVX2/AVX-512 and picked at run time;
+    OPFORGE_CPU_ISA forces a lower one so each is checked (torch kernel and ORT kernel)."""
+    script = textwrap.dedent(
+        """
+        import numpy as np, torch, opforge
+        from onnx import TensorProto
+        from helpers import single_node_model
+        torch.manual_seed(0)
+        shapes = [((1000, 37), (37,)), ((37,), (1000, 37)), ((3, 1, 513), (1, 7, 1)), ((100_003,), (100_003,))]
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            for sa, sb in shapes:
+                a, b = (torch.randn(sa) * 30).to(dtype), torch.randn(sb).to(dtype)
+                assert torch.equal(opforge.my_add(a, b), (2 * a.double() + b.double()).to(dtype)), (dtype, sa, sb)
+        sess = opforge.ort_session(single_node_model("my_add", [TensorProto.FLOAT16] * 2))
+        a, b = np.random.randn(1000, 37).astype(np.float16), np.random.randn(37).astype(np.float16)
+        assert np.array_equal(sess.run(None, {"I0": a, "I1": b})[0], (2 * a.astype(np.float64) + b).astype(np.float16))
+        print("ok")
+        """
+    )
+    env = dict(os.environ, OPFORGE_CPU_ISA=isa, PYTHONPATH=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

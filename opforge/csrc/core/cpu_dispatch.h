@@ -8,6 +8,9 @@
 // cpu_isa() picks one at run time.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 namespace opforge {
 namespace core {
 
@@ -19,13 +22,22 @@ enum class Isa { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 #define OPFORGE_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define OPFORGE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
 
+// The best ISA this CPU supports, lowered by OPFORGE_CPU_ISA=baseline|avx2|avx512
+// if set (read once; lets tests cover every path on one machine).
 inline Isa cpu_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
+    Isa best = Isa::kBaseline;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-      return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-    return Isa::kBaseline;
+      best = Isa::kAvx512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      best = Isa::kAvx2;
+    const char* env = std::getenv("OPFORGE_CPU_ISA");
+    if (env == nullptr) return best;
+    const Isa wanted = std::strcmp(env, "baseline") == 0 ? Isa::kBaseline
+                       : std::strcmp(env, "avx2") == 0   ? Isa::kAvx2
+                                                         : Isa::kAvx512;
+    return wanted < best ? wanted : best;
   }();
   return isa;
 }
