@@ -1,0 +1,59 @@
+"""The tutorials run as written, the CLI behaves like a CLI, the benchmarks produce their ratios."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
+
+
+def run(args, cwd):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=[t.name for t in TUTORIALS])
+def test_tutorial_runs(tutorial, tmp_path):
+    out = run([str(tutorial)], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "matches torch" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # tutorials write to their own temp dirs
+
+
+def test_tutorial_01_covers_the_whole_flow(tmp_path):
+    out = run([str(ROOT / "tutorials" / "01_my_add.py")], cwd=tmp_path).stdout
+    for line in ("1. torch op", "bad shapes -> opforge::my_add", "opforge::my_add'", "my_add_torchscript.onnx: ORT matches",
+                 "my_add_dynamo.onnx: ORT matches", "standard ONNX graph", "6. onnx.reference matches torch"):
+        assert line in out, line
+
+
+def test_cli_demo(tmp_path):
+    out = run(["-m", "opforge", "demo", "--out", str(tmp_path)], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.count("-> PASS") == 2 and "all parity checks passed" in out.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.onnx")) == ["demo_dynamo_opset18.onnx", "demo_torchscript_opset17.onnx"]
+
+
+def test_cli_conventions(tmp_path):
+    version = run(["-m", "opforge", "--version"], cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("opforge ")
+    lib = run(["-m", "opforge", "ort-library-path"], cwd=tmp_path)
+    assert lib.returncode == 0 and lib.stdout.strip().endswith("libopforge_ort.so") and Path(lib.stdout.strip()).is_file()
+    info = run(["-m", "opforge", "info"], cwd=tmp_path)
+    assert info.returncode == 0 and "opforge::my_add(Tensor a, Tensor b) -> Tensor" in info.stdout
+    bad = run(["-m", "opforge", "demo", "--exporter", "torchscript", "--opset", "42", "--out", str(tmp_path)], cwd=tmp_path)
+    assert bad.returncode == 1 and "opforge demo: error:" in bad.stderr and "opsets 9..20" in bad.stderr
+    usage = run(["-m", "opforge", "frobnicate"], cwd=tmp_path)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+def test_my_add_benchmark_reports_ratios(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_my_add.py"), "--numel", "65536", "--repeats", "3", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    for key in ("ratio_vs_torch_add_alpha", "ratio_vs_2a_plus_b", "ratio_ort_vs_mul_add"):
+        assert result[key] > 0
+    assert set(result["torch_ms"]) == {"opforge.my_add", "2*a+b", "torch.add(alpha=2)"}
