@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import onnx
@@ -76,7 +77,10 @@ def export(
         if dynamic_shapes is not None:
             raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
         buffer = io.BytesIO()
-        with lowering.standard_onnx(standard):
+        with lowering.standard_onnx(standard), warnings.catch_warnings():
+            # The caller chose the TorchScript exporter on purpose; its deprecation notice is noise here.
+            warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+            warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
             torch.onnx.export(
                 model,
                 args,

@@ -57,7 +57,7 @@ CASES = [("torchscript", opset) for opset in (9, 13, 17, 20)] + [("dynamo", opse
 @pytest.mark.parametrize("standard", [False, True], ids=["custom-op", "standard-onnx"])
 @pytest.mark.parametrize("model_cls", [FunctionModel, OpModel])
 def test_round_trip(exporter, opset, dtype, standard, model_cls):
-    model = model_cls().to(dtype)
+    model = model_cls().to(dtype).eval()
     a, b = torch.randn(2, 3, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype)  # exported at batch 2
     proto = export(model, (a, b), dynamo=exporter == "dynamo", opset=opset, standard=standard)
 
@@ -103,7 +103,7 @@ class _DirectOp(torch.nn.Module):
 def test_plain_dynamo_export_with_translation_table():
     a, b = torch.randn(2, 3), torch.randn(3)
     program = torch.onnx.export(
-        _DirectOp(), (a, b), dynamo=True, custom_translation_table=opforge.translation_table(),
+        _DirectOp().eval(), (a, b), dynamo=True, custom_translation_table=opforge.translation_table(),
     )
     proto = program.model_proto
     assert [(n.domain, n.op_type) for n in proto.graph.node] == [("opforge", "my_add")]
@@ -199,3 +199,22 @@ def test_missing_library_message():
     so.register_custom_ops_library(opforge.ort_library_path())
     sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     assert sess.get_outputs()[0].type == "tensor(float)"
+
+
+def test_ort_kernel_bfloat16():
+    """bfloat16 has no numpy dtype in ORT's Python API: bind raw uint16 buffers as tensor(bfloat16)."""
+    import ml_dtypes  # a dependency of onnx
+    sess = opforge.ort_session(single_node_model("my_add", [TensorProto.BFLOAT16] * 2))
+    a = np.random.randn(300, 7).astype(ml_dtypes.bfloat16)
+    b = np.random.randn(7).astype(ml_dtypes.bfloat16)
+    out = np.zeros((300, 7), np.uint16)
+    binding = sess.io_binding()
+    for name, arr in (("I0", a), ("I1", b)):
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr.view(np.uint16), TensorProto.BFLOAT16))
+    binding.bind_ortvalue_output("O0", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, TensorProto.BFLOAT16))
+    sess.run_with_iobinding(binding)
+    expected = (2 * a.astype(np.float64) + b.astype(np.float64)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(out, expected.view(np.uint16))
+    torch_out = opforge.my_add(torch.from_numpy(a.view(np.uint16).astype(np.int32) << 16).view(torch.float32).to(torch.bfloat16),
+                               torch.from_numpy(b.view(np.uint16).astype(np.int32) << 16).view(torch.float32).to(torch.bfloat16))
+    np.testing.assert_array_equal(out, (torch_out.view(torch.int16).numpy().view(np.uint16)))
