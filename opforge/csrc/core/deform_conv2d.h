@@ -1,0 +1,344 @@
+// Deformable convolution v1/v2 (torchvision semantics): the compute core shared
+// by the torch extension (opforge::deform_conv2d) and the ORT kernel. Plain C++
+// templates over the scalar type; no torch, ORT or BLAS types: the caller
+// provides parallel-for and GEMM.
+//
+//   out[n, o, y, x] = bias[o] + sum_{c in group(o), i, j} weight[o, c, i, j] *
+//                     mask[n, g(c), i, j, y, x] * bilinear(input[n, c], py, px)
+//   py = y*stride_h - pad_h + i*dil_h + offset[n, g(c), (i*kw+j), 0, y, x]
+//   px = x*stride_w - pad_w + j*dil_w + offset[n, g(c), (i*kw+j), 1, y, x]
+//
+// Layout conventions (all contiguous, NCHW): offset is [N, 2*G*kh*kw, oh, ow]
+// with (dy, dx) pairs per kernel tap, mask is [N, G*kh*kw, oh, ow], weight is
+// [O, C/wg, kh, kw]. G = offset groups, wg = weight groups.
+//
+// Speed: the bilinear taps (4 corner indices + 4 weights, mask folded in) of an
+// (offset group, kernel tap, pixel) are computed ONCE and reused for every
+// channel of the offset group, so the per-channel inner loop is 4 gathers and
+// 4 FMAs. Columns are built per pixel tile (im2col_tile) so a tile's columns
+// stay in cache for the GEMM that consumes them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_dispatch.h"
+
+namespace opforge {
+namespace core {
+
+struct DeformConv2dParams {
+  int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
+  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  int64_t weight_groups = 1, offset_groups = 1;
+  bool use_mask = false;
+  int64_t out_h = 0, out_w = 0;
+
+  int64_t taps() const { return kernel_h * kernel_w; }
+  int64_t out_pixels() const { return out_h * out_w; }
+  int64_t in_pixels() const { return in_h * in_w; }
+  int64_t channels_per_offset_group() const { return in_channels / offset_groups; }
+  int64_t in_channels_per_group() const { return in_channels / weight_groups; }
+  int64_t out_channels_per_group() const { return out_channels / weight_groups; }
+  // Rows of the column matrix of one weight group: (C/wg) * kh * kw.
+  int64_t col_rows_per_group() const { return in_channels_per_group() * taps(); }
+};
+
+inline std::string dims_str(const int64_t* d, int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Checks every argument against torchvision's contract and fills p (incl.
+// out_h/out_w). Returns "" when valid, else a message naming op and argument;
+// both front ends raise it (torch: Python exception, ORT: error status).
+// Shapes are given as (pointer, rank); mask_dims may be null when !use_mask,
+// bias_dims null when there is no bias.
+inline std::string deform_conv2d_check(const int64_t* input, int input_rank, const int64_t* weight, int weight_rank,
+                                       const int64_t* offset, int offset_rank, const int64_t* mask, int mask_rank,
+                                       const int64_t* bias, int bias_rank, int64_t stride_h, int64_t stride_w,
+                                       int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
+                                       int64_t weight_groups, int64_t offset_groups, bool use_mask,
+                                       DeformConv2dParams& p) {
+  const std::string op = "opforge::deform_conv2d: ";
+  if (input_rank != 4) return op + "input must be 4-D [N, C, H, W], got shape " + dims_str(input, input_rank);
+  if (weight_rank != 4) return op + "weight must be 4-D [O, C/groups, kh, kw], got shape " + dims_str(weight, weight_rank);
+  if (offset_rank != 4) return op + "offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape " + dims_str(offset, offset_rank);
+  if (stride_h <= 0 || stride_w <= 0)
+    return op + "stride must be positive, got (" + std::to_string(stride_h) + ", " + std::to_string(stride_w) + ")";
+  if (dil_h <= 0 || dil_w <= 0)
+    return op + "dilation must be positive, got (" + std::to_string(dil_h) + ", " + std::to_string(dil_w) + ")";
+  if (pad_h < 0 || pad_w < 0)
+    return op + "padding must be non-negative, got (" + std::to_string(pad_h) + ", " + std::to_string(pad_w) + ")";
+  if (weight_groups <= 0) return op + "groups must be positive, got " + std::to_string(weight_groups);
+  if (offset_groups <= 0) return op + "offset_groups must be positive, got " + std::to_string(offset_groups);
+  p = DeformConv2dParams{};
+  p.batch = input[0];
+  p.in_channels = input[1];
+  p.in_h = input[2];
+  p.in_w = input[3];
+  p.out_channels = weight[0];
+  p.kernel_h = weight[2];
+  p.kernel_w = weight[3];
+  p.stride_h = stride_h;
+  p.stride_w = stride_w;
+  p.pad_h = pad_h;
+  p.pad_w = pad_w;
+  p.dil_h = dil_h;
+  p.dil_w = dil_w;
+  p.weight_groups = weight_groups;
+  p.offset_groups = offset_groups;
+  p.use_mask = use_mask;
+  if (p.kernel_h <= 0 || p.kernel_w <= 0) return op + "weight has an empty kernel, shape " + dims_str(weight, 4);
+  if (p.in_channels % weight_groups != 0)
+    return op + "groups (" + std::to_string(weight_groups) + ") must divide input channels (" +
+           std::to_string(p.in_channels) + ")";
+  if (p.out_channels % weight_groups != 0)
+    return op + "groups (" + std::to_string(weight_groups) + ") must divide output channels (weight.size(0) = " +
+           std::to_string(p.out_channels) + ")";
+  if (weight[1] * weight_groups != p.in_channels)
+    return op + "weight.size(1) * groups must equal input channels: " + std::to_string(weight[1]) + " * " +
+           std::to_string(weight_groups) + " != " + std::to_string(p.in_channels);
+  if (p.in_channels % offset_groups != 0)
+    return op + "offset_groups (" + std::to_string(offset_groups) + ") must divide input channels (" +
+           std::to_string(p.in_channels) + ")";
+  p.out_h = (p.in_h + 2 * pad_h - (dil_h * (p.kernel_h - 1) + 1)) / stride_h + 1;
+  p.out_w = (p.in_w + 2 * pad_w - (dil_w * (p.kernel_w - 1) + 1)) / stride_w + 1;
+  if (p.out_h <= 0 || p.out_w <= 0)
+    return op + "output would be empty: input " + dims_str(input, 4) + " with kernel (" + std::to_string(p.kernel_h) +
+           ", " + std::to_string(p.kernel_w) + "), padding, dilation and stride gives (" + std::to_string(p.out_h) +
+           ", " + std::to_string(p.out_w) + ")";
+  const int64_t want_offset[4] = {p.batch, 2 * offset_groups * p.taps(), p.out_h, p.out_w};
+  for (int i = 0; i < 4; ++i)
+    if (offset[i] != want_offset[i])
+      return op + "offset must have shape " + dims_str(want_offset, 4) + " (N, 2*offset_groups*kh*kw, out_h, out_w), got " +
+             dims_str(offset, 4);
+  if (use_mask) {
+    const int64_t want_mask[4] = {p.batch, offset_groups * p.taps(), p.out_h, p.out_w};
+    if (mask == nullptr || mask_rank != 4) return op + "mask must be 4-D " + dims_str(want_mask, 4) + " when use_mask is true";
+    for (int i = 0; i < 4; ++i)
+      if (mask[i] != want_mask[i])
+        return op + "mask must have shape " + dims_str(want_mask, 4) + " (N, offset_groups*kh*kw, out_h, out_w), got " +
+               dims_str(mask, 4);
+  }
+  if (bias != nullptr && !(bias_rank == 1 && bias[0] == p.out_channels))
+    return op + "bias must have shape [" + std::to_string(p.out_channels) + "], got " + dims_str(bias, bias_rank);
+  return "";
+}
+
+// The bilinear taps of one (offset group, kernel tap) over a run of pixels, SoA.
+// idx: corner element index in the channel plane (0 when the corner is outside;
+// its weight is then 0). w: forward weights (bilinear * mask, 0 outside the
+// sampling window like torchvision). For the backward pass, also the
+// fractional parts and per-corner validity for coordinate gradients.
+template <typename T>
+struct TapTable {
+  int64_t n = 0;
+  std::vector<int32_t> idx[4];
+  std::vector<T> w[4];
+  // backward extras
+  std::vector<T> frac_h, frac_w, mask;
+  std::vector<uint8_t> valid;  // bit k set: corner k inside the image
+  std::vector<uint8_t> inside;  // sampling point inside (-1, H) x (-1, W)
+
+  void resize(int64_t count, bool with_backward) {
+    n = count;
+    for (int k = 0; k < 4; ++k) {
+      idx[k].resize(count);
+      w[k].resize(count);
+    }
+    if (with_backward) {
+      frac_h.resize(count);
+      frac_w.resize(count);
+      mask.resize(count);
+      valid.resize(count);
+      inside.resize(count);
+    }
+  }
+};
+
+// Fills taps for image b, offset group g, kernel tap k, output pixels [p0, p0 + count).
+// Corner order: 0 = (y_low, x_low), 1 = (y_low, x_high), 2 = (y_high, x_low), 3 = (y_high, x_high).
+template <typename T>
+inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* mask, int64_t b, int64_t g, int64_t k,
+                       int64_t p0, int64_t count, TapTable<T>& t, bool with_backward) {
+  const int64_t P = p.out_pixels();
+  const int64_t i = k / p.kernel_w, j = k % p.kernel_w;
+  const T* off_h = offset + ((b * p.offset_groups + g) * 2 * p.taps() + 2 * k) * P;
+  const T* off_w = off_h + P;
+  const T* m = p.use_mask ? mask + ((b * p.offset_groups + g) * p.taps() + k) * P : nullptr;
+  const int64_t H = p.in_h, W = p.in_w;
+  for (int64_t q = 0; q < count; ++q) {
+    const int64_t pix = p0 + q;
+    const int64_t oy = pix / p.out_w, ox = pix % p.out_w;
+    const T y = static_cast<T>(oy * p.stride_h - p.pad_h + i * p.dil_h) + off_h[pix];
+    const T x = static_cast<T>(ox * p.stride_w - p.pad_w + j * p.dil_w) + off_w[pix];
+    const T mv = m ? m[pix] : T(1);
+    const T fy = std::floor(y), fx = std::floor(x);
+    // Guard the int conversion for huge/nan offsets: such points are outside anyway.
+    const bool finite = fy > T(-2) && fy < static_cast<T>(H + 1) && fx > T(-2) && fx < static_cast<T>(W + 1);
+    const int64_t yl = finite ? static_cast<int64_t>(fy) : -2, xl = finite ? static_cast<int64_t>(fx) : -2;
+    const int64_t yh = yl + 1, xh = xl + 1;
+    const T lh = y - fy, lw = x - fx, hh = T(1) - lh, hw = T(1) - lw;
+    const bool v_yl = yl >= 0 && yl < H, v_yh = yh >= 0 && yh < H, v_xl = xl >= 0 && xl < W, v_xh = xh >= 0 && xh < W;
+    const bool c0 = v_yl && v_xl, c1 = v_yl && v_xh, c2 = v_yh && v_xl, c3 = v_yh && v_xh;
+    const bool in_window = finite && y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
+    const T s = in_window ? mv : T(0);
+    t.idx[0][q] = c0 ? static_cast<int32_t>(yl * W + xl) : 0;
+    t.idx[1][q] = c1 ? static_cast<int32_t>(yl * W + xh) : 0;
+    t.idx[2][q] = c2 ? static_cast<int32_t>(yh * W + xl) : 0;
+    t.idx[3][q] = c3 ? static_cast<int32_t>(yh * W + xh) : 0;
+    t.w[0][q] = c0 ? s * hh * hw : T(0);
+    t.w[1][q] = c1 ? s * hh * lw : T(0);
+    t.w[2][q] = c2 ? s * lh * hw : T(0);
+    t.w[3][q] = c3 ? s * lh * lw : T(0);
+    if (with_backward) {
+      t.frac_h[q] = finite ? lh : T(0);
+      t.frac_w[q] = finite ? lw : T(0);
+      t.mask[q] = mv;
+      t.valid[q] = static_cast<uint8_t>((c0 ? 1 : 0) | (c1 ? 2 : 0) | (c2 ? 4 : 0) | (c3 ? 8 : 0));
+      t.inside[q] = in_window ? 1 : 0;
+    }
+  }
+}
+
+// dst[q] = sum_k w_k[q] * plane[idx_k[q]] for one channel: the hot loop.
+template <typename T>
+OPFORGE_ALWAYS_INLINE void gather4(const TapTable<T>& t, const T* __restrict plane, T* __restrict dst, int64_t n) {
+  const int32_t *i0 = t.idx[0].data(), *i1 = t.idx[1].data(), *i2 = t.idx[2].data(), *i3 = t.idx[3].data();
+  const T *w0 = t.w[0].data(), *w1 = t.w[1].data(), *w2 = t.w[2].data(), *w3 = t.w[3].data();
+  for (int64_t q = 0; q < n; ++q)
+    dst[q] = w0[q] * plane[i0[q]] + w1[q] * plane[i1[q]] + w2[q] * plane[i2[q]] + w3[q] * plane[i3[q]];
+}
+
+template <typename T>
+inline void gather4_channels(const TapTable<T>& t, const T* plane0, int64_t plane_stride, T* dst0,
+                             int64_t dst_stride, int64_t channels, int64_t n) {
+  for (int64_t c = 0; c < channels; ++c) gather4(t, plane0 + c * plane_stride, dst0 + c * dst_stride, n);
+}
+#if OPFORGE_X86_DISPATCH
+template <typename T>
+OPFORGE_TARGET_AVX2 void gather4_channels_avx2(const TapTable<T>& t, const T* plane0, int64_t plane_stride, T* dst0,
+                                               int64_t dst_stride, int64_t channels, int64_t n) {
+  for (int64_t c = 0; c < channels; ++c) gather4(t, plane0 + c * plane_stride, dst0 + c * dst_stride, n);
+}
+template <typename T>
+OPFORGE_TARGET_AVX512 void gather4_channels_avx512(const TapTable<T>& t, const T* plane0, int64_t plane_stride,
+                                                   T* dst0, int64_t dst_stride, int64_t channels, int64_t n) {
+  for (int64_t c = 0; c < channels; ++c) gather4(t, plane0 + c * plane_stride, dst0 + c * dst_stride, n);
+}
+#endif
+
+template <typename T>
+inline void gather4_channels_dispatch(const TapTable<T>& t, const T* plane0, int64_t plane_stride, T* dst0,
+                                      int64_t dst_stride, int64_t channels, int64_t n) {
+#if OPFORGE_X86_DISPATCH
+  switch (cpu_isa()) {
+    case Isa::kAvx512:
+      return gather4_channels_avx512(t, plane0, plane_stride, dst0, dst_stride, channels, n);
+    case Isa::kAvx2:
+      return gather4_channels_avx2(t, plane0, plane_stride, dst0, dst_stride, channels, n);
+    default:
+      break;
+  }
+#endif
+  gather4_channels(t, plane0, plane_stride, dst0, dst_stride, channels, n);
+}
+
+// Column tile for image b, output pixels [p0, p0 + count): writes
+// col[(c*kh*kw + k) * ld + q] for all channels c and taps k (q < count).
+// `taps` is scratch reused across calls (one per thread).
+template <typename T>
+inline void im2col_tile(const DeformConv2dParams& p, const T* input, const T* offset, const T* mask, int64_t b,
+                        int64_t p0, int64_t count, T* col, int64_t ld, TapTable<T>& taps) {
+  const int64_t cpg = p.channels_per_offset_group(), kk = p.taps(), HW = p.in_pixels();
+  taps.resize(count, false);
+  for (int64_t g = 0; g < p.offset_groups; ++g) {
+    for (int64_t k = 0; k < kk; ++k) {
+      build_taps(p, offset, mask, b, g, k, p0, count, taps, false);
+      const int64_t c0 = g * cpg;
+      gather4_channels_dispatch(taps, input + (b * p.in_channels + c0) * HW, HW, col + (c0 * kk + k) * ld, kk * ld,
+                                cpg, count);
+    }
+  }
+}
+
+// Coordinate gradients for image b, output pixels [p0, p0 + count), given
+// grad_col (same layout as im2col_tile's col): grad_offset and grad_mask for
+// those pixels (written, not accumulated: each (b, g, k, pixel) belongs to one
+// call, so pixel tiles run in parallel). torchvision's formulas.
+template <typename T>
+inline void coord_grad_tile(const DeformConv2dParams& p, const T* input, const T* offset, const T* mask, int64_t b,
+                            int64_t p0, int64_t count, const T* grad_col, int64_t ld, T* grad_offset, T* grad_mask,
+                            TapTable<T>& taps) {
+  const int64_t cpg = p.channels_per_offset_group(), kk = p.taps(), HW = p.in_pixels(), P = p.out_pixels();
+  taps.resize(count, true);
+  for (int64_t g = 0; g < p.offset_groups; ++g) {
+    for (int64_t k = 0; k < kk; ++k) {
+      build_taps(p, offset, mask, b, g, k, p0, count, taps, true);
+      T* go_h = grad_offset + ((b * p.offset_groups + g) * 2 * kk + 2 * k) * P + p0;
+      T* go_w = go_h + P;
+      T* gm = (grad_mask && p.use_mask) ? grad_mask + ((b * p.offset_groups + g) * kk + k) * P + p0 : nullptr;
+      for (int64_t q = 0; q < count; ++q) {
+        T acc_h = 0, acc_w = 0, acc_m = 0;
+        const uint8_t v = taps.valid[q];
+        const T lh = taps.frac_h[q], lw = taps.frac_w[q], mv = taps.mask[q];
+        const T hh = T(1) - lh, hw = T(1) - lw;
+        const int32_t i0 = taps.idx[0][q], i1 = taps.idx[1][q], i2 = taps.idx[2][q], i3 = taps.idx[3][q];
+        const T* plane = input + (b * p.in_channels + g * cpg) * HW;
+        const T* gcol = grad_col + (g * cpg * kk + k) * ld + q;
+        for (int64_t cl = 0; cl < cpg; ++cl, plane += HW, gcol += kk * ld) {
+          const T gc = *gcol;
+          const T v0 = (v & 1) ? plane[i0] : T(0), v1 = (v & 2) ? plane[i1] : T(0);
+          const T v2 = (v & 4) ? plane[i2] : T(0), v3 = (v & 8) ? plane[i3] : T(0);
+          // d bilinear/dy, d bilinear/dx (torchvision's get_coordinate_weight: no window check)
+          acc_h += gc * (lw * (v3 - v1) + hw * (v2 - v0));
+          acc_w += gc * (lh * (v3 - v2) + hh * (v1 - v0));
+          acc_m += gc * (hh * hw * v0 + hh * lw * v1 + lh * hw * v2 + lh * lw * v3);
+        }
+        go_h[q] = mv * acc_h;
+        go_w[q] = mv * acc_w;
+        if (gm) gm[q] = taps.inside[q] ? acc_m : T(0);
+      }
+    }
+  }
+}
+
+// grad_input for image b, channels [c_begin, c_end): the adjoint of the
+// sampling (scatter-add with the forward weights, mask included). Each call
+// owns its channels' planes, so channel blocks run in parallel without atomics.
+template <typename T>
+inline void col2im_channels(const DeformConv2dParams& p, const T* offset, const T* mask, int64_t b, int64_t c_begin,
+                            int64_t c_end, const T* grad_col, int64_t ld, T* grad_input, TapTable<T>& taps) {
+  const int64_t cpg = p.channels_per_offset_group(), kk = p.taps(), HW = p.in_pixels(), P = p.out_pixels();
+  constexpr int64_t kChunk = 1024;
+  taps.resize(kChunk, false);
+  for (int64_t g = c_begin / cpg; g * cpg < c_end; ++g) {
+    const int64_t lo = std::max(c_begin, g * cpg), hi = std::min(c_end, (g + 1) * cpg);
+    for (int64_t k = 0; k < kk; ++k) {
+      for (int64_t p0 = 0; p0 < P; p0 += kChunk) {
+        const int64_t count = std::min(kChunk, P - p0);
+        build_taps(p, offset, mask, b, g, k, p0, count, taps, false);
+        for (int64_t c = lo; c < hi; ++c) {
+          T* gplane = grad_input + (b * p.in_channels + c) * HW;
+          const T* gc = grad_col + (c * kk + k) * ld + p0;
+          for (int64_t q = 0; q < count; ++q) {
+            const T v = gc[q];
+            gplane[taps.idx[0][q]] += taps.w[0][q] * v;
+            gplane[taps.idx[1][q]] += taps.w[1][q] * v;
+            gplane[taps.idx[2][q]] += taps.w[2][q] * v;
+            gplane[taps.idx[3][q]] += taps.w[3][q] * v;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace core
+}  // namespace opforge

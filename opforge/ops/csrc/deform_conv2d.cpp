@@ -1,0 +1,192 @@
+// CPU kernels of opforge::deform_conv2d and its backward: the shared sampling
+// core (core/deform_conv2d.h) + ATen's GEMM (MKL/BLAS through at::mm_out),
+// parallel over (image, pixel tile) with ATen's intra-op pool.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "core/deform_conv2d.h"
+
+namespace opforge {
+namespace {
+
+using core::DeformConv2dParams;
+
+DeformConv2dParams check_args(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+                              const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+                              int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+                              int64_t offset_groups, bool use_mask) {
+  const at::ScalarType t = input.scalar_type();
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble, "opforge::deform_conv2d: input has dtype ", t,
+                   "; supported dtypes are float32 and float64");
+  const std::pair<const char*, const at::Tensor*> others[] = {
+      {"weight", &weight}, {"offset", &offset}, {"mask", &mask}, {"bias", &bias}};
+  for (const auto& [name, tensor] : others) {
+    if (std::string(name) == "mask" && !use_mask) continue;
+    TORCH_CHECK_TYPE(tensor->scalar_type() == t, "opforge::deform_conv2d: ", name, " has dtype ",
+                     tensor->scalar_type(), " but input has dtype ", t, "; all must match");
+  }
+  DeformConv2dParams p;
+  const std::string err = core::deform_conv2d_check(
+      input.sizes().data(), static_cast<int>(input.dim()), weight.sizes().data(), static_cast<int>(weight.dim()),
+      offset.sizes().data(), static_cast<int>(offset.dim()), use_mask ? mask.sizes().data() : nullptr,
+      static_cast<int>(mask.dim()), bias.sizes().data(), static_cast<int>(bias.dim()), stride_h, stride_w, pad_h,
+      pad_w, dil_h, dil_w, groups, offset_groups, use_mask, p);
+  TORCH_CHECK_VALUE(err.empty(), err);
+  return p;
+}
+
+// Pixels per forward tile: the tile's columns (C*kh*kw rows) should fit in L2.
+int64_t pixel_tile(const DeformConv2dParams& p, size_t elem) {
+  const int64_t rows = p.in_channels * p.taps();
+  int64_t tile = (int64_t(512) << 10) / std::max<int64_t>(1, rows * static_cast<int64_t>(elem));
+  tile = std::max<int64_t>(16, std::min<int64_t>(1024, tile)) / 16 * 16;
+  return std::min(tile, p.out_pixels());
+}
+
+template <typename T>
+at::Tensor view_of(T* data, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& opts) {
+  return at::from_blob(data, sizes, strides, opts);
+}
+
+}  // namespace
+
+at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
+                             const at::Tensor& mask_, const at::Tensor& bias_, int64_t stride_h, int64_t stride_w,
+                             int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+                             int64_t offset_groups, bool use_mask) {
+  const DeformConv2dParams p = check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
+                                          dil_h, dil_w, groups, offset_groups, use_mask);
+  const at::Tensor input = input_.contiguous(), weight = weight_.contiguous(), offset = offset_.contiguous();
+  const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
+  const at::Tensor bias = bias_.contiguous();
+  at::Tensor out = at::empty({p.batch, p.out_channels, p.out_h, p.out_w}, input.options());
+  if (p.batch == 0) return out;
+
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge::deform_conv2d", [&] {
+    using T = scalar_t;
+    const int64_t P = p.out_pixels(), tile = pixel_tile(p, sizeof(T));
+    const int64_t tiles_per_image = (P + tile - 1) / tile;
+    const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
+    const T* in = input.const_data_ptr<T>();
+    const T* off = offset.const_data_ptr<T>();
+    const T* msk = use_mask ? mask.const_data_ptr<T>() : nullptr;
+    const T* b = bias.const_data_ptr<T>();
+    T* o = out.mutable_data_ptr<T>();
+    const at::TensorOptions opts = input.options();
+    // Weight of group g as an [Og, Kg] matrix.
+    std::vector<at::Tensor> w_groups;
+    for (int64_t g = 0; g < p.weight_groups; ++g) w_groups.push_back(weight.narrow(0, g * Og, Og).view({Og, Kg}));
+
+    at::parallel_for(0, p.batch * tiles_per_image, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> col(static_cast<size_t>(p.in_channels * p.taps() * tile));
+      core::TapTable<T> taps;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t n = task / tiles_per_image, p0 = (task % tiles_per_image) * tile;
+        const int64_t count = std::min(tile, P - p0);
+        core::im2col_tile(p, in, off, msk, n, p0, count, col.data(), tile, taps);
+        for (int64_t g = 0; g < p.weight_groups; ++g) {
+          // out[n, g*Og:(g+1)*Og, p0:p0+count] = W_g @ col_g  (+ bias), written in place (row stride P)
+          at::Tensor col_g = view_of(col.data() + g * Kg * tile, {Kg, count}, {tile, 1}, opts);
+          T* dst = o + (n * p.out_channels + g * Og) * P + p0;
+          at::Tensor out_g = view_of(dst, {Og, count}, {P, 1}, opts);
+          at::mm_out(out_g, w_groups[g], col_g);
+          for (int64_t oc = 0; oc < Og; ++oc) {
+            const T bv = b[g * Og + oc];
+            T* row = dst + oc * P;
+            for (int64_t q = 0; q < count; ++q) row[q] += bv;
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_cpu(
+    const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
+    const at::Tensor& mask_, const at::Tensor& bias_, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups, bool use_mask) {
+  const DeformConv2dParams p = check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
+                                          dil_h, dil_w, groups, offset_groups, use_mask);
+  TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == p.batch && grad_.size(1) == p.out_channels &&
+                        grad_.size(2) == p.out_h && grad_.size(3) == p.out_w,
+                    "opforge::deform_conv2d backward: grad has shape ", grad_.sizes(), ", expected [", p.batch, ", ",
+                    p.out_channels, ", ", p.out_h, ", ", p.out_w, "]");
+  const at::Tensor grad = grad_.contiguous().to(input_.scalar_type());
+  const at::Tensor input = input_.contiguous(), weight = weight_.contiguous(), offset = offset_.contiguous();
+  const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
+
+  at::Tensor grad_input = at::zeros_like(input);
+  at::Tensor grad_weight = at::zeros_like(weight);
+  at::Tensor grad_offset = at::zeros_like(offset);
+  at::Tensor grad_mask = at::zeros_like(mask_);
+  at::Tensor grad_bias = grad.sum({0, 2, 3});
+  if (p.batch == 0) return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
+
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge::deform_conv2d_backward", [&] {
+    using T = scalar_t;
+    const int64_t P = p.out_pixels(), kk = p.taps();
+    const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group(), Cg = p.in_channels_per_group();
+    const int64_t tile = std::min<int64_t>(256, P), tiles = (P + tile - 1) / tile;
+    const T* in = input.const_data_ptr<T>();
+    const T* off = offset.const_data_ptr<T>();
+    const T* msk = use_mask ? mask.const_data_ptr<T>() : nullptr;
+    const at::TensorOptions opts = input.options();
+    // One image at a time bounds the column buffers to C*kh*kw*oh*ow each.
+    at::Tensor col = at::empty({p.in_channels * kk, P}, opts);
+    at::Tensor grad_col = at::empty({p.in_channels * kk, P}, opts);
+    T* colp = col.mutable_data_ptr<T>();
+    for (int64_t n = 0; n < p.batch; ++n) {
+      at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+        core::TapTable<T> taps;
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t p0 = t * tile;
+          core::im2col_tile(p, in, off, msk, n, p0, std::min(tile, P - p0), colp + p0, P, taps);
+        }
+      });
+      const at::Tensor grad_n = grad[n].view({p.out_channels, P});
+      for (int64_t g = 0; g < p.weight_groups; ++g) {
+        const at::Tensor go = grad_n.narrow(0, g * Og, Og);                      // [Og, P]
+        const at::Tensor w = weight.narrow(0, g * Og, Og).view({Og, Kg});        // [Og, Kg]
+        at::Tensor gw = grad_weight.narrow(0, g * Og, Og).view({Og, Kg});
+        gw.addmm_(go, col.narrow(0, g * Kg, Kg).t());                             // dW += dY @ col^T
+        at::Tensor gcol_g = grad_col.narrow(0, g * Kg, Kg);
+        at::mm_out(gcol_g, w.t(), go);                                             // dcol = W^T @ dY
+      }
+      const T* gcol = grad_col.const_data_ptr<T>();
+      at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+        core::TapTable<T> taps;
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t p0 = t * tile;
+          core::coord_grad_tile(p, in, off, msk, n, p0, std::min(tile, P - p0), gcol + p0, P,
+                                grad_offset.mutable_data_ptr<T>(), use_mask ? grad_mask.mutable_data_ptr<T>() : nullptr,
+                                taps);
+        }
+      });
+      at::parallel_for(0, p.in_channels, 1, [&](int64_t c0, int64_t c1) {
+        core::TapTable<T> taps;
+        core::col2im_channels(p, off, msk, n, c0, c1, gcol, P, grad_input.mutable_data_ptr<T>(), taps);
+      });
+      (void)Cg;
+    }
+  });
+  return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
+}
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("deform_conv2d", &deform_conv2d_cpu);
+  m.impl("_deform_conv2d_backward", &deform_conv2d_backward_cpu);
+}
+
+}  // namespace opforge
