@@ -21,11 +21,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cpu_dispatch.h"
+#include "gemm.h"
 
 namespace opforge {
 namespace core {
@@ -162,8 +164,50 @@ struct TapTable {
   }
 };
 
-// Fills taps for image b, offset group g, kernel tap k, output pixels [p0, p0 + count).
+// One bilinear tap: the sampling point (y, x) of output pixel (oy, ox) and
+// kernel tap (i, j) displaced by (dy, dx), weighted by mask value mv.
 // Corner order: 0 = (y_low, x_low), 1 = (y_low, x_high), 2 = (y_high, x_low), 3 = (y_high, x_high).
+template <typename T>
+struct Tap {
+  int32_t idx[4];  // corner element index in the HxW plane (0 when outside; weight is then 0)
+  T w[4];          // forward weights: bilinear * mask, 0 outside the sampling window (torchvision)
+  T frac_h, frac_w;
+  uint8_t valid;   // bit c: corner c inside the image
+  bool inside;     // sampling point inside (-1, H) x (-1, W)
+};
+
+template <typename T>
+OPFORGE_ALWAYS_INLINE Tap<T> compute_tap(const DeformConv2dParams& p, int64_t oy, int64_t ox, int64_t i, int64_t j,
+                                         T dy, T dx, T mv) {
+  const int64_t H = p.in_h, W = p.in_w;
+  const T y = static_cast<T>(oy * p.stride_h - p.pad_h + i * p.dil_h) + dy;
+  const T x = static_cast<T>(ox * p.stride_w - p.pad_w + j * p.dil_w) + dx;
+  const T fy = std::floor(y), fx = std::floor(x);
+  // Guard the int conversion for huge/nan offsets: such points are outside anyway.
+  const bool finite = fy > T(-2) && fy < static_cast<T>(H + 1) && fx > T(-2) && fx < static_cast<T>(W + 1);
+  const int64_t yl = finite ? static_cast<int64_t>(fy) : -2, xl = finite ? static_cast<int64_t>(fx) : -2;
+  const int64_t yh = yl + 1, xh = xl + 1;
+  const T lh = finite ? y - fy : T(0), lw = finite ? x - fx : T(0), hh = T(1) - lh, hw = T(1) - lw;
+  const bool v_yl = yl >= 0 && yl < H, v_yh = yh >= 0 && yh < H, v_xl = xl >= 0 && xl < W, v_xh = xh >= 0 && xh < W;
+  const bool c0 = v_yl && v_xl, c1 = v_yl && v_xh, c2 = v_yh && v_xl, c3 = v_yh && v_xh;
+  Tap<T> t;
+  t.inside = finite && y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
+  const T s = t.inside ? mv : T(0);
+  t.idx[0] = c0 ? static_cast<int32_t>(yl * W + xl) : 0;
+  t.idx[1] = c1 ? static_cast<int32_t>(yl * W + xh) : 0;
+  t.idx[2] = c2 ? static_cast<int32_t>(yh * W + xl) : 0;
+  t.idx[3] = c3 ? static_cast<int32_t>(yh * W + xh) : 0;
+  t.w[0] = c0 ? s * hh * hw : T(0);
+  t.w[1] = c1 ? s * hh * lw : T(0);
+  t.w[2] = c2 ? s * lh * hw : T(0);
+  t.w[3] = c3 ? s * lh * lw : T(0);
+  t.frac_h = lh;
+  t.frac_w = lw;
+  t.valid = static_cast<uint8_t>((c0 ? 1 : 0) | (c1 ? 2 : 0) | (c2 ? 4 : 0) | (c3 ? 8 : 0));
+  return t;
+}
+
+// Fills taps for image b, offset group g, kernel tap k, output pixels [p0, p0 + count).
 template <typename T>
 inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* mask, int64_t b, int64_t g, int64_t k,
                        int64_t p0, int64_t count, TapTable<T>& t, bool with_backward) {
@@ -172,39 +216,120 @@ inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* ma
   const T* off_h = offset + ((b * p.offset_groups + g) * 2 * p.taps() + 2 * k) * P;
   const T* off_w = off_h + P;
   const T* m = p.use_mask ? mask + ((b * p.offset_groups + g) * p.taps() + k) * P : nullptr;
-  const int64_t H = p.in_h, W = p.in_w;
   for (int64_t q = 0; q < count; ++q) {
     const int64_t pix = p0 + q;
-    const int64_t oy = pix / p.out_w, ox = pix % p.out_w;
-    const T y = static_cast<T>(oy * p.stride_h - p.pad_h + i * p.dil_h) + off_h[pix];
-    const T x = static_cast<T>(ox * p.stride_w - p.pad_w + j * p.dil_w) + off_w[pix];
     const T mv = m ? m[pix] : T(1);
-    const T fy = std::floor(y), fx = std::floor(x);
-    // Guard the int conversion for huge/nan offsets: such points are outside anyway.
-    const bool finite = fy > T(-2) && fy < static_cast<T>(H + 1) && fx > T(-2) && fx < static_cast<T>(W + 1);
-    const int64_t yl = finite ? static_cast<int64_t>(fy) : -2, xl = finite ? static_cast<int64_t>(fx) : -2;
-    const int64_t yh = yl + 1, xh = xl + 1;
-    const T lh = y - fy, lw = x - fx, hh = T(1) - lh, hw = T(1) - lw;
-    const bool v_yl = yl >= 0 && yl < H, v_yh = yh >= 0 && yh < H, v_xl = xl >= 0 && xl < W, v_xh = xh >= 0 && xh < W;
-    const bool c0 = v_yl && v_xl, c1 = v_yl && v_xh, c2 = v_yh && v_xl, c3 = v_yh && v_xh;
-    const bool in_window = finite && y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
-    const T s = in_window ? mv : T(0);
-    t.idx[0][q] = c0 ? static_cast<int32_t>(yl * W + xl) : 0;
-    t.idx[1][q] = c1 ? static_cast<int32_t>(yl * W + xh) : 0;
-    t.idx[2][q] = c2 ? static_cast<int32_t>(yh * W + xl) : 0;
-    t.idx[3][q] = c3 ? static_cast<int32_t>(yh * W + xh) : 0;
-    t.w[0][q] = c0 ? s * hh * hw : T(0);
-    t.w[1][q] = c1 ? s * hh * lw : T(0);
-    t.w[2][q] = c2 ? s * lh * hw : T(0);
-    t.w[3][q] = c3 ? s * lh * lw : T(0);
+    const Tap<T> tap = compute_tap(p, pix / p.out_w, pix % p.out_w, i, j, off_h[pix], off_w[pix], mv);
+    for (int c = 0; c < 4; ++c) {
+      t.idx[c][q] = tap.idx[c];
+      t.w[c][q] = tap.w[c];
+    }
     if (with_backward) {
-      t.frac_h[q] = finite ? lh : T(0);
-      t.frac_w[q] = finite ? lw : T(0);
+      t.frac_h[q] = tap.frac_h;
+      t.frac_w[q] = tap.frac_w;
       t.mask[q] = mv;
-      t.valid[q] = static_cast<uint8_t>((c0 ? 1 : 0) | (c1 ? 2 : 0) | (c2 ? 4 : 0) | (c3 ? 8 : 0));
-      t.inside[q] = in_window ? 1 : 0;
+      t.valid[q] = tap.valid;
+      t.inside[q] = tap.inside ? 1 : 0;
     }
   }
+}
+
+// ---- channels-last forward: no gathers ----------------------------------------------
+// With the input in NHWC, the 4 corners of a tap are 4 contiguous runs of
+// channels, shared by all channels of the offset group: the column entries of
+// one (pixel, tap) are 4 vector FMAs over channels. Columns are written
+// pixel-major ("colT"): colT[q * ldk + (wg * kh*kw + k) * Cg + c_local], i.e.
+// per weight group a [pixels, kh*kw*Cg] block whose K order (k, c) matches
+// the weight permuted to [O, kh, kw, Cg] (see weight_to_tap_major).
+
+template <typename T>
+OPFORGE_ALWAYS_INLINE void blend4(const T* __restrict a0, const T* __restrict a1, const T* __restrict a2,
+                                  const T* __restrict a3, T w0, T w1, T w2, T w3, T* __restrict dst, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = w0 * a0[c] + w1 * a1[c] + w2 * a2[c] + w3 * a3[c];
+}
+
+template <typename T>
+OPFORGE_ALWAYS_INLINE void im2col_nhwc_tile_impl(const DeformConv2dParams& p, const T* input_nhwc, const T* offset,
+                                                 const T* mask, int64_t b, int64_t p0, int64_t count, T* colT,
+                                                 int64_t ldk) {
+  const int64_t C = p.in_channels, kk = p.taps(), P = p.out_pixels(), cpg = p.channels_per_offset_group();
+  const int64_t Cg = p.in_channels_per_group();
+  const T* img = input_nhwc + b * p.in_pixels() * C;
+  for (int64_t g = 0; g < p.offset_groups; ++g) {
+    const T* off = offset + (b * p.offset_groups + g) * 2 * kk * P;
+    const T* m = p.use_mask ? mask + (b * p.offset_groups + g) * kk * P : nullptr;
+    const int64_t c_lo = g * cpg, c_hi = c_lo + cpg;
+    for (int64_t q = 0; q < count; ++q) {
+      const int64_t pix = p0 + q, oy = pix / p.out_w, ox = pix % p.out_w;
+      T* row = colT + q * ldk;
+      for (int64_t k = 0; k < kk; ++k) {
+        const Tap<T> t = compute_tap(p, oy, ox, k / p.kernel_w, k % p.kernel_w, off[(2 * k) * P + pix],
+                                     off[(2 * k + 1) * P + pix], m ? m[k * P + pix] : T(1));
+        // channels [c_lo, c_hi) may span weight groups: write each piece into its group's block
+        for (int64_t c = c_lo; c < c_hi;) {
+          const int64_t wg = c / Cg, c_end = std::min(c_hi, (wg + 1) * Cg);
+          T* dst = row + (wg * kk + k) * Cg + (c - wg * Cg);
+          blend4(img + t.idx[0] * C + c, img + t.idx[1] * C + c, img + t.idx[2] * C + c, img + t.idx[3] * C + c,
+                 t.w[0], t.w[1], t.w[2], t.w[3], dst, c_end - c);
+          c = c_end;
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+inline void im2col_nhwc_tile_base(const DeformConv2dParams& p, const T* in, const T* off, const T* m, int64_t b,
+                                  int64_t p0, int64_t count, T* colT, int64_t ldk) {
+  im2col_nhwc_tile_impl(p, in, off, m, b, p0, count, colT, ldk);
+}
+#if OPFORGE_X86_DISPATCH
+template <typename T>
+OPFORGE_TARGET_AVX2 void im2col_nhwc_tile_avx2(const DeformConv2dParams& p, const T* in, const T* off, const T* m,
+                                               int64_t b, int64_t p0, int64_t count, T* colT, int64_t ldk) {
+  im2col_nhwc_tile_impl(p, in, off, m, b, p0, count, colT, ldk);
+}
+template <typename T>
+OPFORGE_TARGET_AVX512 void im2col_nhwc_tile_avx512(const DeformConv2dParams& p, const T* in, const T* off,
+                                                   const T* m, int64_t b, int64_t p0, int64_t count, T* colT,
+                                                   int64_t ldk) {
+  im2col_nhwc_tile_impl(p, in, off, m, b, p0, count, colT, ldk);
+}
+#endif
+
+// colT tile for image b, pixels [p0, p0 + count); input_nhwc is [N, H, W, C].
+template <typename T>
+inline void im2col_nhwc_tile(const DeformConv2dParams& p, const T* input_nhwc, const T* offset, const T* mask,
+                             int64_t b, int64_t p0, int64_t count, T* colT, int64_t ldk) {
+#if OPFORGE_X86_DISPATCH
+  switch (cpu_isa()) {
+    case Isa::kAvx512:
+      return im2col_nhwc_tile_avx512(p, input_nhwc, offset, mask, b, p0, count, colT, ldk);
+    case Isa::kAvx2:
+      return im2col_nhwc_tile_avx2(p, input_nhwc, offset, mask, b, p0, count, colT, ldk);
+    default:
+      break;
+  }
+#endif
+  im2col_nhwc_tile_base(p, input_nhwc, offset, mask, b, p0, count, colT, ldk);
+}
+
+// One image [C, H, W] -> [H, W, C] (cache-blocked transpose of a C x HW matrix).
+template <typename T>
+inline void nchw_to_nhwc(const T* src, T* dst, int64_t C, int64_t HW) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t c0 = 0; c0 < C; c0 += kBlock)
+    for (int64_t p0 = 0; p0 < HW; p0 += kBlock)
+      for (int64_t c = c0; c < std::min(C, c0 + kBlock); ++c)
+        for (int64_t q = p0; q < std::min(HW, p0 + kBlock); ++q) dst[q * C + c] = src[c * HW + q];
+}
+
+// weight [O, Cg, kh, kw] -> [O, kh*kw, Cg]: the K order of colT blocks.
+template <typename T>
+inline void weight_to_tap_major(const T* w, T* dst, int64_t O, int64_t Cg, int64_t kk) {
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t c = 0; c < Cg; ++c)
+      for (int64_t k = 0; k < kk; ++k) dst[(o * kk + k) * Cg + c] = w[(o * Cg + c) * kk + k];
 }
 
 // dst[q] = sum_k w_k[q] * plane[idx_k[q]] for one channel: the hot loop.
@@ -337,6 +462,37 @@ inline void col2im_channels(const DeformConv2dParams& p, const T* offset, const 
         }
       }
     }
+  }
+}
+
+// ---- forward, end to end per tile -------------------------------------------------
+
+// Output pixels per forward tile (a tile's pixel-major columns are
+// pixels x C*kh*kw; keep them around L2 size). Env OPFORGE_DCN_TILE overrides (tuning).
+inline int64_t forward_tile_pixels(const DeformConv2dParams& p, size_t elem) {
+  const int64_t row_bytes = std::max<int64_t>(1, p.in_channels * p.taps() * static_cast<int64_t>(elem));
+  int64_t tile = (int64_t(1) << 20) / row_bytes;
+  if (const char* env = std::getenv("OPFORGE_DCN_TILE")) tile = std::atoll(env);
+  tile = std::max<int64_t>(16, std::min<int64_t>(4096, tile));
+  return std::min(tile, p.out_pixels());
+}
+
+// out[b, :, p0:p0+count] for one tile: im2col (channels-last, no gathers) then
+// one GEMM per weight group with the tap-major weight, plus bias (may be null).
+// colT is per-thread scratch. Disjoint tiles run in parallel.
+template <typename T>
+inline void deform_conv2d_forward_tile(const DeformConv2dParams& p, const T* input_nhwc, const T* offset,
+                                       const T* mask, const T* weight_tm, const T* bias, T* out, int64_t b,
+                                       int64_t p0, int64_t count, std::vector<T>& colT) {
+  const int64_t ldk = p.in_channels * p.taps(), P = p.out_pixels();
+  const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
+  colT.resize(static_cast<size_t>(count * ldk));
+  im2col_nhwc_tile(p, input_nhwc, offset, mask, b, p0, count, colT.data(), ldk);
+  for (int64_t g = 0; g < p.weight_groups; ++g) {
+    T* dst = out + (b * p.out_channels + g * Og) * P + p0;
+    if (bias != nullptr)
+      for (int64_t o = 0; o < Og; ++o) std::fill(dst + o * P, dst + o * P + count, bias[g * Og + o]);
+    gemm_nt(Og, count, Kg, weight_tm + g * Og * Kg, Kg, colT.data() + g * Kg, ldk, dst, P, bias != nullptr);
   }
 }
 

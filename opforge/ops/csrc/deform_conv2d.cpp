@@ -6,7 +6,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros_like.h>
@@ -46,19 +45,6 @@ DeformConv2dParams check_args(const at::Tensor& input, const at::Tensor& weight,
   return p;
 }
 
-// Pixels per forward tile: the tile's columns (C*kh*kw rows) should fit in L2.
-int64_t pixel_tile(const DeformConv2dParams& p, size_t elem) {
-  const int64_t rows = p.in_channels * p.taps();
-  int64_t tile = (int64_t(512) << 10) / std::max<int64_t>(1, rows * static_cast<int64_t>(elem));
-  tile = std::max<int64_t>(16, std::min<int64_t>(1024, tile)) / 16 * 16;
-  return std::min(tile, p.out_pixels());
-}
-
-template <typename T>
-at::Tensor view_of(T* data, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& opts) {
-  return at::from_blob(data, sizes, strides, opts);
-}
-
 }  // namespace
 
 at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
@@ -73,40 +59,27 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_
   at::Tensor out = at::empty({p.batch, p.out_channels, p.out_h, p.out_w}, input.options());
   if (p.batch == 0) return out;
 
+  // Channels-last input and tap-major weight: the sampling then needs no
+  // gathers (see im2col_nhwc_tile) and the GEMM reads columns pixel-major.
+  const at::Tensor input_nhwc = input.permute({0, 2, 3, 1}).contiguous();
+  const int64_t Cg = p.in_channels_per_group();
+  const at::Tensor weight_tm = weight.view({p.out_channels, Cg, p.taps()}).transpose(1, 2).contiguous();
+
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge::deform_conv2d", [&] {
     using T = scalar_t;
-    const int64_t P = p.out_pixels(), tile = pixel_tile(p, sizeof(T));
+    const int64_t P = p.out_pixels(), tile = core::forward_tile_pixels(p, sizeof(T));
     const int64_t tiles_per_image = (P + tile - 1) / tile;
-    const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
-    const T* in = input.const_data_ptr<T>();
+    const T* in = input_nhwc.const_data_ptr<T>();
     const T* off = offset.const_data_ptr<T>();
     const T* msk = use_mask ? mask.const_data_ptr<T>() : nullptr;
+    const T* w = weight_tm.const_data_ptr<T>();
     const T* b = bias.const_data_ptr<T>();
     T* o = out.mutable_data_ptr<T>();
-    const at::TensorOptions opts = input.options();
-    // Weight of group g as an [Og, Kg] matrix.
-    std::vector<at::Tensor> w_groups;
-    for (int64_t g = 0; g < p.weight_groups; ++g) w_groups.push_back(weight.narrow(0, g * Og, Og).view({Og, Kg}));
-
     at::parallel_for(0, p.batch * tiles_per_image, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> col(static_cast<size_t>(p.in_channels * p.taps() * tile));
-      core::TapTable<T> taps;
+      std::vector<T> colT;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t n = task / tiles_per_image, p0 = (task % tiles_per_image) * tile;
-        const int64_t count = std::min(tile, P - p0);
-        core::im2col_tile(p, in, off, msk, n, p0, count, col.data(), tile, taps);
-        for (int64_t g = 0; g < p.weight_groups; ++g) {
-          // out[n, g*Og:(g+1)*Og, p0:p0+count] = W_g @ col_g  (+ bias), written in place (row stride P)
-          at::Tensor col_g = view_of(col.data() + g * Kg * tile, {Kg, count}, {tile, 1}, opts);
-          T* dst = o + (n * p.out_channels + g * Og) * P + p0;
-          at::Tensor out_g = view_of(dst, {Og, count}, {P, 1}, opts);
-          at::mm_out(out_g, w_groups[g], col_g);
-          for (int64_t oc = 0; oc < Og; ++oc) {
-            const T bv = b[g * Og + oc];
-            T* row = dst + oc * P;
-            for (int64_t q = 0; q < count; ++q) row[q] += bv;
-          }
-        }
+        core::deform_conv2d_forward_tile(p, in, off, msk, w, b, o, n, p0, std::min(tile, P - p0), colT);
       }
     });
   });
