@@ -9,7 +9,7 @@ run the exported models in ONNX Runtime.
 
 from . import ops, spec, symbolics
 from .export import export
-from .ops import MyAdd, MyAddFunction, my_add
+from .ops import DeformConv2d, MyAdd, MyAddFunction, deform_conv2d, my_add
 from .ort_kernels import MissingOpforgeKernels, ort_library_path, ort_session
 from .symbolics import standard_onnx, translation_table
 
@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 symbolics.register_all()
 
 __all__ = [
+    "DeformConv2d",
+    "deform_conv2d",
     "MissingOpforgeKernels",
     "MyAdd",
     "MyAddFunction",

@@ -58,7 +58,7 @@ def export(
             kwargs=kwargs,
             dynamo=True,
             opset_version=opset,
-            custom_translation_table=_dynamo.translation_table(standard),
+            custom_translation_table=_dynamo.translation_table(standard, opset),
             input_names=input_names,
             output_names=output_names,
             dynamic_shapes=dynamic_shapes,

@@ -84,6 +84,12 @@ class OpSpec:
     #: ONNX shape inference: ``(input shapes, attrs) -> output shapes``; a shape is a
     #: list of dims (int, symbolic name str, or None) or None for unknown rank.
     onnx_output_shapes: Optional[Callable[[list, dict], list]] = None
+    #: Export as the standard-ONNX lowering by default from this opset on (e.g. 19 for
+    #: DeformConv); None: custom node unless standard_onnx asks otherwise.
+    standard_from_opset: Optional[int] = None
+    #: Other torch ops with this op's exact schema and semantics, exported by the same
+    #: rules (e.g. "torchvision::deform_conv2d").
+    torch_aliases: tuple[str, ...] = ()
     #: The element types accepted (ONNX type strings) and which input's type the output has.
     onnx_types: tuple[str, ...] = FLOAT_TYPES
     domain: str = DOMAIN

@@ -56,10 +56,23 @@ def standard_translation(spec: OpSpec) -> Callable:
     return _with_signature(translation, spec)
 
 
-def translation_table(standard_onnx: lowering.StandardOnnx = None) -> dict:
-    standard = lowering.resolve(standard_onnx)
+def _torch_op(qualname: str):
+    namespace, name = qualname.split("::")
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):  # e.g. torchvision not imported: nothing to translate
+        return None
+
+
+def translation_table(standard_onnx: lowering.StandardOnnx = None, opset_version: int = 18) -> dict:
+    """``{torch op: translation}`` for every opforge op (and its aliases, e.g.
+    torchvision::deform_conv2d when torchvision is loaded) at ``opset_version``."""
+    policy = lowering.resolve(standard_onnx)
     table = {}
     for spec in REGISTRY.values():
-        op = getattr(getattr(torch.ops, spec.domain), spec.name).default
-        table[op] = standard_translation(spec) if spec.name in standard else custom_translation(spec)
+        fn = standard_translation(spec) if policy.use_standard(spec, opset_version) else custom_translation(spec)
+        for qualname in (spec.qualname, *spec.torch_aliases):
+            op = _torch_op(qualname)
+            if op is not None:
+                table[op] = fn
     return table

@@ -1,10 +1,18 @@
 """Which ops export as standard ONNX instead of their custom-domain node.
 
-By default every opforge op exports as one ``opforge::<name>`` node (run by
-libopforge_ort). Ops with a standard-ONNX lowering (my_add -> Mul + Add) can
-export as that instead, for runtimes without our library:
+Every opforge op can export as one ``opforge::<name>`` node (run by
+libopforge_ort). Ops with a standard-ONNX lowering can export as that instead,
+for runtimes without our library:
 
-    with opforge.symbolics.standard_onnx({"my_add"}):   # or True for all
+* ``standard_onnx=None`` (default, "auto"): custom node, except ops whose spec
+  sets ``standard_from_opset`` (deform_conv2d -> ``DeformConv`` from opset 19)
+  when the export opset reaches it;
+* ``False``: the custom node for every op, at any opset;
+* ``True``: the standard lowering wherever one exists at the export opset;
+* a set of op names (``{"my_add"}``): those ops standard (an error where the
+  opset has no equivalent), the others auto.
+
+    with opforge.symbolics.standard_onnx({"my_add"}):
         torch.onnx.export(model, args, "m.onnx", dynamo=False)
 
 ``opforge.export(..., standard_onnx=...)`` does this for you (both exporters).
@@ -14,41 +22,68 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterable, Iterator, Union
+import dataclasses
+from typing import Iterable, Iterator, Optional, Union
 
 from ..spec import REGISTRY, OpSpec
 
 StandardOnnx = Union[bool, Iterable[str], None]
 
-_standard: contextvars.ContextVar[frozenset] = contextvars.ContextVar("opforge_standard_onnx", default=frozenset())
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    forced_standard: frozenset = frozenset()  # named explicitly: standard or error
+    prefer_standard: bool = False  # True: standard wherever the opset allows
+    force_custom: bool = False  # False: custom everywhere
+
+    def use_standard(self, spec: OpSpec, opset: Optional[int]) -> bool:
+        has_lowering = spec.standard_torchscript is not None or spec.standard_dynamo is not None
+        available = has_lowering and (spec.standard_from_opset is None or (opset or 0) >= spec.standard_from_opset)
+        if spec.name in self.forced_standard:
+            if not available:
+                raise ValueError(
+                    f"opforge: {spec.qualname} has no standard-ONNX equivalent at opset {opset} "
+                    f"(needs opset >= {spec.standard_from_opset}); export it as the custom op or raise the opset"
+                )
+            return True
+        if self.force_custom:
+            return False
+        if self.prefer_standard:
+            return available
+        return spec.standard_from_opset is not None and available
 
 
-def resolve(standard_onnx: StandardOnnx) -> frozenset:
-    """``True`` -> every op that has a lowering; names -> checked set; falsy -> empty."""
-    if not standard_onnx:
-        return frozenset()
+def resolve(standard_onnx: StandardOnnx) -> Policy:
+    if standard_onnx is None:
+        return Policy()
+    if standard_onnx is False:
+        return Policy(force_custom=True)
     if standard_onnx is True:
-        return frozenset(
-            name for name, s in REGISTRY.items() if s.standard_torchscript is not None or s.standard_dynamo is not None
-        )
-    names = frozenset(standard_onnx)
+        return Policy(prefer_standard=True)
+    if isinstance(standard_onnx, Policy):
+        return standard_onnx
+    names = frozenset([standard_onnx] if isinstance(standard_onnx, str) else standard_onnx)
     for name in names:
         spec = REGISTRY.get(name)
         if spec is None:
             raise ValueError(f"opforge: standard_onnx names unknown op {name!r}; known ops: {sorted(REGISTRY)}")
         if spec.standard_torchscript is None and spec.standard_dynamo is None:
             raise ValueError(f"opforge: {spec.qualname} has no standard-ONNX lowering; export it as the custom op")
-    return names
+    return Policy(forced_standard=names)
+
+
+_policy: contextvars.ContextVar[Policy] = contextvars.ContextVar("opforge_standard_onnx", default=Policy())
 
 
 @contextlib.contextmanager
-def standard_onnx(ops: StandardOnnx = True) -> Iterator[frozenset]:
-    token = _standard.set(resolve(ops))
+def standard_onnx(ops: StandardOnnx = True) -> Iterator[Policy]:
+    token = _policy.set(resolve(ops))
     try:
-        yield _standard.get()
+        yield _policy.get()
     finally:
-        _standard.reset(token)
+        _policy.reset(token)
 
 
-def use_standard(spec: OpSpec) -> bool:
-    return spec.name in _standard.get()
+def use_standard(spec: OpSpec, opset: Optional[int]) -> bool:
+    """For the TorchScript exporter: decided per node, from the active policy and g.opset."""
+    return _policy.get().use_standard(spec, opset)

@@ -42,7 +42,7 @@ def symbolic(spec: OpSpec):
     descriptors = ["v" if not isinstance(a, AttrArg) else _DESCRIPTOR[a.kind] for a in spec.args]
 
     def op_symbolic(g, *values):
-        if lowering.use_standard(spec) and spec.standard_torchscript is not None:
+        if spec.standard_torchscript is not None and lowering.use_standard(spec, g.opset):
             return spec.standard_torchscript(g, *values)
         inputs, attrs = spec.split_args(values)
         kinds = {a.onnx_name: a.kind for a in spec.attr_args}
@@ -57,8 +57,9 @@ def symbolic(spec: OpSpec):
 
 
 def register(spec: OpSpec) -> None:
-    for opset in spec.torchscript_opsets:
-        torch.onnx.register_custom_op_symbolic(spec.qualname, symbolic(spec), opset)
+    for name in (spec.qualname, *spec.torch_aliases):
+        for opset in spec.torchscript_opsets:
+            torch.onnx.register_custom_op_symbolic(name, symbolic(spec), opset)
 
 
 def register_all() -> None:

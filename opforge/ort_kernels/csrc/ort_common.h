@@ -84,6 +84,7 @@ void parallel_for(OrtKernelContext* ctx, int64_t total, int64_t grain, const Bod
 
 // Each op file defines one of these, returning its kernels (one per dtype).
 void append_my_add_ops(std::vector<LiteOpPtr>& ops);
+void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops);
 
 }  // namespace ort
 }  // namespace opforge

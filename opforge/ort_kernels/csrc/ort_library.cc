@@ -16,6 +16,7 @@ const std::vector<LiteOpPtr>& all_ops() {
   static const std::vector<LiteOpPtr> ops = [] {
     std::vector<LiteOpPtr> v;
     opforge::ort::append_my_add_ops(v);  // one line per op
+    opforge::ort::append_deform_conv2d_ops(v);
     return v;
   }();
   return ops;

@@ -1,0 +1,277 @@
+"""deform_conv2d: deformable convolution v1 (offsets) and v2 (offsets + mask),
+with exactly torchvision's semantics and argument order.
+
+* ``torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w,
+  pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)``: the op
+  (same schema as ``torchvision::deform_conv2d``), differentiable;
+* ``opforge.deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0,
+  dilation=1, mask=None)``: ``torchvision.ops.deform_conv2d``'s functional form;
+* ``opforge.DeformConv2d``: drop-in for ``torchvision.ops.DeformConv2d`` (same
+  parameters and state_dict keys).
+
+Export: opset >= 19 -> standard ONNX ``DeformConv``; below, or with
+``standard_onnx=False``, the ``opforge::deform_conv2d`` custom node (run by
+libopforge_ort). ``torchvision::deform_conv2d`` gets the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import spec as _spec
+from ._registry import register_torch_op
+
+_INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
+
+
+def _out_size(size, pad, dil, k, stride):
+    return (size + 2 * pad - (dil * (k - 1) + 1)) // stride + 1
+
+
+def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
+           offset_groups, use_mask):
+    """The kernel's argument checks (core/deform_conv2d.h), for fake tensors: same types and words."""
+    op = "opforge::deform_conv2d: "
+    if input.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{op}input has dtype {input.dtype}; supported dtypes are float32 and float64")
+    for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
+        if name == "mask" and not use_mask:
+            continue
+        if t.dtype != input.dtype:
+            raise TypeError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
+    if input.dim() != 4:
+        raise ValueError(f"{op}input must be 4-D [N, C, H, W], got shape {list(input.shape)}")
+    if weight.dim() != 4:
+        raise ValueError(f"{op}weight must be 4-D [O, C/groups, kh, kw], got shape {list(weight.shape)}")
+    if offset.dim() != 4:
+        raise ValueError(f"{op}offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape {list(offset.shape)}")
+    if stride_h <= 0 or stride_w <= 0:
+        raise ValueError(f"{op}stride must be positive, got ({stride_h}, {stride_w})")
+    if dil_h <= 0 or dil_w <= 0:
+        raise ValueError(f"{op}dilation must be positive, got ({dil_h}, {dil_w})")
+    if pad_h < 0 or pad_w < 0:
+        raise ValueError(f"{op}padding must be non-negative, got ({pad_h}, {pad_w})")
+    if groups <= 0:
+        raise ValueError(f"{op}groups must be positive, got {groups}")
+    if offset_groups <= 0:
+        raise ValueError(f"{op}offset_groups must be positive, got {offset_groups}")
+    n, c, h, w = input.shape
+    o, cg, kh, kw = weight.shape
+    if c % groups != 0:
+        raise ValueError(f"{op}groups ({groups}) must divide input channels ({c})")
+    if o % groups != 0:
+        raise ValueError(f"{op}groups ({groups}) must divide output channels (weight.size(0) = {o})")
+    if cg * groups != c:
+        raise ValueError(f"{op}weight.size(1) * groups must equal input channels: {cg} * {groups} != {c}")
+    if c % offset_groups != 0:
+        raise ValueError(f"{op}offset_groups ({offset_groups}) must divide input channels ({c})")
+    oh, ow = _out_size(h, pad_h, dil_h, kh, stride_h), _out_size(w, pad_w, dil_w, kw, stride_w)
+    want = [n, 2 * offset_groups * kh * kw, oh, ow]
+    if list(offset.shape) != want:
+        raise ValueError(f"{op}offset must have shape {want} (N, 2*offset_groups*kh*kw, out_h, out_w), got {list(offset.shape)}")
+    if use_mask:
+        want_mask = [n, offset_groups * kh * kw, oh, ow]
+        if list(mask.shape) != want_mask:
+            raise ValueError(f"{op}mask must have shape {want_mask} (N, offset_groups*kh*kw, out_h, out_w), got {list(mask.shape)}")
+    if list(bias.shape) != [o]:
+        raise ValueError(f"{op}bias must have shape [{o}], got {list(bias.shape)}")
+    return n, o, oh, ow
+
+
+def _fake(input, weight, offset, mask, bias, *ints_and_mask):
+    n, o, oh, ow = _check(input, weight, offset, mask, bias, *ints_and_mask)
+    return input.new_empty((n, o, oh, ow))
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, offset, mask, bias, *rest = inputs
+    ctx.save_for_backward(input, weight, offset, mask, bias)
+    ctx.params = rest
+
+
+def _backward(ctx, grad):
+    input, weight, offset, mask, bias = ctx.saved_tensors
+    use_mask = ctx.params[-1]
+    g_in, g_w, g_off, g_mask, g_b = torch.ops.opforge._deform_conv2d_backward(
+        grad, input, weight, offset, mask, bias, *ctx.params
+    )
+    return (g_in, g_w, g_off, g_mask if use_mask else None, g_b) + (None,) * len(ctx.params)
+
+
+@torch.library.register_fake("opforge::_deform_conv2d_backward")
+def _backward_fake(grad, input, weight, offset, mask, bias, *params):
+    return (torch.empty_like(input), torch.empty_like(weight), torch.empty_like(offset), torch.empty_like(mask),
+            grad.new_empty(bias.shape))
+
+
+def _reference(input, weight, offset, mask, bias, *, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+               groups, offset_groups, use_mask):
+    """Independent numpy implementation (for onnx.reference): explicit bilinear sampling + matmul."""
+    n, c, h, w = input.shape
+    o, cg, kh, kw = weight.shape
+    oh, ow = _out_size(h, pad_h, dilation_h, kh, stride_h), _out_size(w, pad_w, dilation_w, kw, stride_w)
+    cpg = c // offset_groups
+    ys = (np.arange(oh) * stride_h - pad_h)[:, None]
+    xs = (np.arange(ow) * stride_w - pad_w)[None, :]
+    cols = np.zeros((n, c, kh * kw, oh, ow), dtype=np.float64)
+    for b in range(n):
+        for g in range(offset_groups):
+            img = input[b, g * cpg:(g + 1) * cpg].astype(np.float64)
+            for k in range(kh * kw):
+                i, j = divmod(k, kw)
+                y = ys + i * dilation_h + offset[b, (g * kh * kw + k) * 2]
+                x = xs + j * dilation_w + offset[b, (g * kh * kw + k) * 2 + 1]
+                inside = (y > -1) & (y < h) & (x > -1) & (x < w)
+                y0, x0 = np.floor(y).astype(np.int64), np.floor(x).astype(np.int64)
+                val = np.zeros((cpg, oh, ow))
+                for dy in (0, 1):
+                    for dx in (0, 1):
+                        yy, xx = y0 + dy, x0 + dx
+                        wt = (1 - np.abs(y - yy)) * (1 - np.abs(x - xx))
+                        ok = inside & (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+                        val += np.where(ok, wt, 0) * img[:, np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]
+                if use_mask:
+                    val *= mask[b, g * kh * kw + k]
+                cols[b, g * cpg:(g + 1) * cpg, k] = val
+    og = o // groups
+    out = np.empty((n, o, oh, ow), dtype=np.float64)
+    for g in range(groups):
+        wg = weight[g * og:(g + 1) * og].reshape(og, cg * kh * kw).astype(np.float64)
+        cg_cols = cols[:, g * cg:(g + 1) * cg].reshape(n, cg * kh * kw, oh * ow)
+        out[:, g * og:(g + 1) * og] = (wg @ cg_cols).reshape(n, og, oh, ow)
+    out += bias.reshape(1, o, 1, 1)
+    return (out.astype(input.dtype),)
+
+
+def _output_shapes(shapes, attrs):
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None or len(x) != 4 or len(w) != 4:
+        return [None]
+
+    def dim(size, pad, dil, k, stride):
+        return _out_size(size, pad, dil, k, stride) if isinstance(size, int) and isinstance(k, int) else None
+
+    return [[x[0], w[0], dim(x[2], attrs["pad_h"], attrs["dilation_h"], w[2], attrs["stride_h"]),
+             dim(x[3], attrs["pad_w"], attrs["dilation_w"], w[3], attrs["stride_w"])]]
+
+
+def _standard_torchscript(g, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                          dilation_w, groups, offset_groups, use_mask):
+    inputs = [input, weight, offset, bias] + ([mask] if use_mask else [])
+    return g.op("DeformConv", *inputs, dilations_i=[dilation_h, dilation_w], group_i=groups,
+                offset_group_i=offset_groups, pads_i=[pad_h, pad_w, pad_h, pad_w], strides_i=[stride_h, stride_w])
+
+
+def _standard_dynamo(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                     groups, offset_groups, use_mask):
+    from onnxscript import opset19 as op
+
+    return op.DeformConv(input, weight, offset, bias, mask if use_mask else None,
+                         dilations=[dilation_h, dilation_w], group=groups, offset_group=offset_groups,
+                         pads=[pad_h, pad_w, pad_h, pad_w], strides=[stride_h, stride_w])
+
+
+DEFORM_CONV2D = _spec.add(
+    _spec.OpSpec(
+        name="deform_conv2d",
+        schema=(
+            "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
+            "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+            "bool use_mask) -> Tensor"
+        ),
+        args=(
+            _spec.TensorArg("input", "input", "[N, C, H, W]"),
+            _spec.TensorArg("weight", "weight", "[O, C/groups, kh, kw]"),
+            _spec.TensorArg("offset", "offset", "[N, 2*offset_groups*kh*kw, oh, ow], (dy, dx) per kernel tap"),
+            _spec.TensorArg("mask", "mask", "[N, offset_groups*kh*kw, oh, ow] (read only when use_mask=1)"),
+            _spec.TensorArg("bias", "bias", "[O]"),
+            *(_spec.AttrArg(n, n, "int") for n in _INTS),
+            _spec.AttrArg("use_mask", "use_mask", "bool", "1: modulated (DCNv2), 0: DCNv1"),
+        ),
+        outputs=("output",),
+        doc="Deformable convolution v1/v2 with torchvision.ops.deform_conv2d's semantics.",
+        fake=_fake,
+        setup_context=_setup_context,
+        backward=_backward,
+        reference=_reference,
+        onnx_output_shapes=_output_shapes,
+        standard_torchscript=_standard_torchscript,
+        standard_dynamo=_standard_dynamo,
+        standard_from_opset=19,
+        torch_aliases=("torchvision::deform_conv2d",),
+        onnx_types=("tensor(float)", "tensor(double)"),
+    )
+)
+
+deform_conv2d_op = register_torch_op(DEFORM_CONV2D)
+
+
+def _pair(v) -> Tuple[int, int]:
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor] = None, stride: Union[int, Tuple[int, int]] = (1, 1),
+                  padding: Union[int, Tuple[int, int]] = (0, 0), dilation: Union[int, Tuple[int, int]] = (1, 1),
+                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``torchvision.ops.deform_conv2d`` with opforge's kernel (same arguments, same result)."""
+    stride_h, stride_w = _pair(stride)
+    pad_h, pad_w = _pair(padding)
+    dil_h, dil_w = _pair(dilation)
+    kh, kw = weight.shape[-2:]
+    use_mask = mask is not None
+    if mask is None:
+        mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
+    if bias is None:
+        bias = torch.zeros(weight.shape[0], device=input.device, dtype=input.dtype)
+    offset_groups = offset.shape[1] // (2 * kh * kw)
+    groups = input.shape[1] // weight.shape[1]
+    if offset_groups == 0:
+        raise ValueError(f"opforge::deform_conv2d: offset has {offset.shape[1]} channels, fewer than 2*kh*kw = {2 * kh * kw}")
+    return deform_conv2d_op(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                            groups, offset_groups, use_mask)
+
+
+class DeformConv2d(torch.nn.Module):
+    """Drop-in for ``torchvision.ops.DeformConv2d``: same constructor, parameters
+    (``weight``, ``bias``), initialisation and ``forward(input, offset, mask=None)``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True):
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.groups = groups
+        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
+        if not bias:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = torch.nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: torch.Tensor, offset: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                             dilation=self.dilation, mask=mask)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        s += f", groups={self.groups}" if self.groups != 1 else ""
+        s += ", bias=False" if self.bias is None else ""
+        return s

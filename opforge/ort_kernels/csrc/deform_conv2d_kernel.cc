@@ -1,0 +1,79 @@
+// ORT kernel of opforge::deform_conv2d (domain "opforge", version 1): inputs
+// (input, weight, offset, mask, bias), int attributes stride_h, stride_w, pad_h,
+// pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask — the torch
+// schema one to one. Same core as the torch extension (core/deform_conv2d.h:
+// gather-free channels-last sampling + the core's packed GEMM), parallel over
+// (image, pixel tile) on ORT's intra-op pool.
+#include <vector>
+
+#include "core/deform_conv2d.h"
+#include "ort_common.h"
+
+namespace opforge {
+namespace ort {
+
+template <typename T>
+struct DeformConv2dKernel {
+  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups;
+  bool use_mask;
+
+  DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    stride_h = ki.GetAttribute<int64_t>("stride_h");
+    stride_w = ki.GetAttribute<int64_t>("stride_w");
+    pad_h = ki.GetAttribute<int64_t>("pad_h");
+    pad_w = ki.GetAttribute<int64_t>("pad_w");
+    dil_h = ki.GetAttribute<int64_t>("dilation_h");
+    dil_w = ki.GetAttribute<int64_t>("dilation_w");
+    groups = ki.GetAttribute<int64_t>("groups");
+    offset_groups = ki.GetAttribute<int64_t>("offset_groups");
+    use_mask = ki.GetAttribute<int64_t>("use_mask") != 0;
+  }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& weight,
+                      const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
+                      const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& output) {
+    const auto &xs = input.Shape(), &ws = weight.Shape(), &os = offset.Shape(), &ms = mask.Shape(),
+               &bs = bias.Shape();
+    core::DeformConv2dParams p;
+    const std::string err = core::deform_conv2d_check(
+        xs.data(), static_cast<int>(xs.size()), ws.data(), static_cast<int>(ws.size()), os.data(),
+        static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()), bs.data(), static_cast<int>(bs.size()),
+        stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask, p);
+    if (!err.empty()) return invalid_argument(err);
+    T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
+    if (p.batch == 0) return Ort::Status(nullptr);
+
+    const int64_t C = p.in_channels, HW = p.in_pixels();
+    const T* x = input.Data();
+    std::vector<T> x_nhwc(static_cast<size_t>(p.batch * C * HW));
+    parallel_for(ctx, p.batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) core::nchw_to_nhwc(x + b * C * HW, x_nhwc.data() + b * C * HW, C, HW);
+    });
+    std::vector<T> w_tm(static_cast<size_t>(p.out_channels * p.in_channels_per_group() * p.taps()));
+    core::weight_to_tap_major(weight.Data(), w_tm.data(), p.out_channels, p.in_channels_per_group(), p.taps());
+
+    const int64_t P = p.out_pixels(), tile = core::forward_tile_pixels(p, sizeof(T));
+    const int64_t tiles = (P + tile - 1) / tile;
+    const T* off = offset.Data();
+    const T* msk = use_mask ? mask.Data() : nullptr;
+    const T* bias_data = bias.Data();
+    parallel_for(ctx, p.batch * tiles, 1, [&](int64_t t0, int64_t t1) {
+      thread_local std::vector<T> colT;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / tiles, p0 = (t % tiles) * tile;
+        core::deform_conv2d_forward_tile(p, x_nhwc.data(), off, msk, w_tm.data(), bias_data, out, b, p0,
+                                         std::min(tile, P - p0), colT);
+      }
+    });
+    return Ort::Status(nullptr);
+  }
+};
+
+void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<float>>("deform_conv2d", kCpuEp));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<double>>("deform_conv2d", kCpuEp));
+}
+
+}  // namespace ort
+}  // namespace opforge
