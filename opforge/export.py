@@ -41,8 +41,9 @@ def export(
       opforge's ``custom_translation_table``; dynamic dims via ``dynamic_shapes`` (or ``dynamic_axes``).
     * ``dynamo=False``: the TorchScript exporter (opsets 9..20) with opforge's symbolics and
       ``custom_opsets``; dynamic dims via ``dynamic_axes``.
-    * ``standard_onnx``: ``True`` or op names (e.g. ``{"my_add"}``) to export those ops as
-      standard ONNX (my_add -> Mul + Add) instead of ``opforge::`` nodes.
+    * ``standard_onnx``: None (auto: custom nodes, except deform_conv2d -> ``DeformConv`` from
+      opset 19), False (custom nodes everywhere), True (standard ONNX wherever possible), or op
+      names (e.g. ``{"my_add"}``: Mul + Add) -- see :mod:`opforge.symbolics.lowering`.
     * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
 
     Other keyword arguments go to ``torch.onnx.export`` unchanged. Writes ``f`` if given.
@@ -88,7 +89,9 @@ def export(
                 kwargs=kwargs,
                 dynamo=False,
                 opset_version=opset,
-                custom_opsets={DOMAIN: DOMAIN_VERSION},
+                # The exporter imports custom domains at version 1 by itself; passing custom_opsets
+                # would warn on every model that happens not to use an opforge op.
+                custom_opsets={DOMAIN: DOMAIN_VERSION} if DOMAIN_VERSION != 1 else None,
                 input_names=input_names,
                 output_names=output_names,
                 dynamic_axes=dynamic_axes,

@@ -252,8 +252,9 @@ class DeformConv2d(torch.nn.Module):
         self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
         self.groups = groups
         self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
-        self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
-        if not bias:
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_channels))
+        else:
             self.register_parameter("bias", None)
         self.reset_parameters()
 
