@@ -64,6 +64,24 @@ def test_float32_forward_matches_torchvision():
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_computes_in_float32(dtype):
+    cfg = CONFIGS["non-square-mixed"]
+    x, w, off, mask, b = (t.to(dtype).requires_grad_() for t in deform_inputs(**cfg, dtype=torch.float32))
+    kwargs = dict(stride=cfg["stride"], padding=cfg["pad"], dilation=cfg["dil"])
+    out = opforge.deform_conv2d(x, off, w, b, mask=mask, **kwargs)
+    assert out.dtype == dtype
+    f32 = [t.detach().float().requires_grad_() for t in (x, off, w, b, mask)]
+    ref = tv_deform_conv2d(f32[0], f32[1], f32[2], f32[3], mask=f32[4], **kwargs)
+    torch.testing.assert_close(out, ref.to(dtype))  # one rounding of the float32 result
+    g = torch.randn_like(ref).to(dtype)
+    ours = torch.autograd.grad(out, (x, off, w, b, mask), g)
+    refs = torch.autograd.grad(ref, f32, g.float())
+    for got, exp in zip(ours, refs):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, exp.to(dtype))
+
+
 def test_empty_batch():
     cfg = dict(CONFIGS["basic-3x3"], n=0)
     x, w, off, mask, b = deform_inputs(**cfg, dtype=torch.float32)
@@ -188,5 +206,5 @@ def test_dtype_errors():
     x, w, off, mask, b = deform_inputs(**BASE, dtype=torch.float32)
     with pytest.raises(TypeError, match="opforge::deform_conv2d: offset has dtype (Double|torch.float64) but input has dtype"):
         opforge.deform_conv2d(x, off.double(), w, b, padding=1)
-    with pytest.raises(TypeError, match="opforge::deform_conv2d: input has dtype (Int|torch.int32); supported dtypes are float32 and float64"):
+    with pytest.raises(TypeError, match="opforge::deform_conv2d: input has dtype (Int|torch.int32); supported dtypes are float32, float64, float16 and bfloat16"):
         opforge.deform_conv2d(x.int(), off.int(), w.int(), b.int(), padding=1)

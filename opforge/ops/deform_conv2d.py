@@ -36,8 +36,8 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
            offset_groups, use_mask):
     """The kernel's argument checks (core/deform_conv2d.h), for fake tensors: same types and words."""
     op = "opforge::deform_conv2d: "
-    if input.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{op}input has dtype {input.dtype}; supported dtypes are float32 and float64")
+    if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise TypeError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and bfloat16")
     for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
         if name == "mask" and not use_mask:
             continue

@@ -26,8 +26,9 @@ DeformConv2dParams check_args(const at::Tensor& input, const at::Tensor& weight,
                               int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
                               int64_t offset_groups, bool use_mask) {
   const at::ScalarType t = input.scalar_type();
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble, "opforge::deform_conv2d: input has dtype ", t,
-                   "; supported dtypes are float32 and float64");
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                   "opforge::deform_conv2d: input has dtype ", t,
+                   "; supported dtypes are float32, float64, float16 and bfloat16");
   const std::pair<const char*, const at::Tensor*> others[] = {
       {"weight", &weight}, {"offset", &offset}, {"mask", &mask}, {"bias", &bias}};
   for (const auto& [name, tensor] : others) {
@@ -45,6 +46,8 @@ DeformConv2dParams check_args(const at::Tensor& input, const at::Tensor& weight,
   return p;
 }
 
+bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
 }  // namespace
 
 at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
@@ -53,6 +56,14 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_
                              int64_t offset_groups, bool use_mask) {
   const DeformConv2dParams p = check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
                                           dil_h, dil_w, groups, offset_groups, use_mask);
+  if (is_16bit(input_.scalar_type())) {
+    // 16-bit floats: sample and accumulate in float32 (CPUs have no fast 16-bit
+    // FMA path here), round the result once.
+    return deform_conv2d_cpu(input_.to(at::kFloat), weight_.to(at::kFloat), offset_.to(at::kFloat),
+                             use_mask ? mask_.to(at::kFloat) : mask_, bias_.to(at::kFloat), stride_h, stride_w, pad_h,
+                             pad_w, dil_h, dil_w, groups, offset_groups, use_mask)
+        .to(input_.scalar_type());
+  }
   const at::Tensor input = input_.contiguous(), weight = weight_.contiguous(), offset = offset_.contiguous();
   const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
   const at::Tensor bias = bias_.contiguous();
@@ -96,6 +107,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
                         grad_.size(2) == p.out_h && grad_.size(3) == p.out_w,
                     "opforge::deform_conv2d backward: grad has shape ", grad_.sizes(), ", expected [", p.batch, ", ",
                     p.out_channels, ", ", p.out_h, ", ", p.out_w, "]");
+  if (is_16bit(input_.scalar_type())) {
+    auto f = [](const at::Tensor& t) { return t.to(at::kFloat); };
+    auto [gi, gw, go, gm, gb] =
+        deform_conv2d_backward_cpu(f(grad_), f(input_), f(weight_), f(offset_), use_mask ? f(mask_) : mask_, f(bias_),
+                                   stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask);
+    const at::ScalarType t = input_.scalar_type();
+    return {gi.to(t), gw.to(t), go.to(t), use_mask ? gm.to(t) : gm.to(mask_.scalar_type()), gb.to(t)};
+  }
   const at::Tensor grad = grad_.contiguous().to(input_.scalar_type());
   const at::Tensor input = input_.contiguous(), weight = weight_.contiguous(), offset = offset_.contiguous();
   const at::Tensor mask = use_mask ? mask_.contiguous() : mask_;
