@@ -4,6 +4,8 @@
   CUDA kernels when ``OPFORGE_CUDA`` allows and a CUDA toolchain + CUDA torch exist).
 * ``opforge/ort_kernels/libopforge_ort.so``: the ONNX Runtime custom-op library
   (ORT C/C++ headers only; links neither libonnxruntime nor libtorch).
+* ``opforge/ort_kernels/libopforge_aten.so``: ORT kernel for ``org.pytorch.aten::ATen``
+  (ATen-fallback nodes), which runs the op through libtorch (links it, rpath to torch/lib).
 
 Both share the header-only compute cores in ``opforge/csrc/core``.
 
@@ -25,6 +27,8 @@ from setuptools.command.develop import develop
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_INCLUDE = os.path.join(ROOT, "opforge", "csrc")
 ORT_LIB_NAME = "opforge.ort_kernels.libopforge_ort"
+ATEN_LIB_NAME = "opforge.ort_kernels.libopforge_aten"
+PLAIN_LIBS = (ORT_LIB_NAME, ATEN_LIB_NAME)  # dlopen()ed by ORT, not Python modules
 ORT_HEADER = "onnxruntime_cxx_api.h"
 
 
@@ -124,6 +128,26 @@ def ort_library():
     )
 
 
+def aten_library():
+    """libopforge_aten.so: org.pytorch.aten::ATen for ORT, through libtorch (which it links)."""
+    from torch.utils import cpp_extension
+
+    csrc = rel("opforge", "ort_kernels", "aten_csrc")
+    lib_dirs = cpp_extension.library_paths()
+    return Extension(
+        ATEN_LIB_NAME,
+        sources=sorted(glob.glob(os.path.join(csrc, "*.cc"))),
+        include_dirs=[find_ort_include(), *cpp_extension.include_paths()],
+        library_dirs=lib_dirs,
+        libraries=["c10", "torch_cpu"],  # not torch_python: usable by any ORT process, no Python needed
+        language="c++",
+        extra_compile_args=opt_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"],
+        extra_link_args=[f"-Wl,--version-script={rel('opforge', 'ort_kernels', 'csrc', 'exports.map')}",
+                         *(f"-Wl,-rpath,{d}" for d in lib_dirs)],
+        py_limited_api=False,
+    )
+
+
 def make_build_ext():
     from torch.utils.cpp_extension import BuildExtension
 
@@ -133,12 +157,13 @@ def make_build_ext():
         def get_ext_filename(self, fullname):
             # A dlopen()ed library, not a Python module: no ABI suffix. distutils
             # asks with the full dotted name and with just the last component.
-            if fullname == ORT_LIB_NAME or fullname == ORT_LIB_NAME.rsplit(".", 1)[1]:
-                return os.path.join(*fullname.split(".")) + ".so"
+            for lib in PLAIN_LIBS:
+                if fullname == lib or fullname == lib.rsplit(".", 1)[1]:
+                    return os.path.join(*fullname.split(".")) + ".so"
             return super().get_ext_filename(fullname)
 
         def get_export_symbols(self, ext):
-            return [] if ext.name == ORT_LIB_NAME else super().get_export_symbols(ext)
+            return [] if ext.name in PLAIN_LIBS else super().get_export_symbols(ext)
 
     return OpforgeBuildExt.with_options(use_ninja=True)
 
@@ -160,6 +185,6 @@ class DevelopNoIsolation(develop):
 
 
 setup(
-    ext_modules=[torch_extension(), ort_library()],
+    ext_modules=[torch_extension(), ort_library(), aten_library()],
     cmdclass={"build_ext": make_build_ext(), "develop": DevelopNoIsolation},
 )

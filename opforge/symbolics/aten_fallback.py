@@ -1,0 +1,327 @@
+"""ATen fallback: export ops ONNX cannot express as ``org.pytorch.aten::ATen`` nodes, and
+make such models runnable by ONNX Runtime with ``libopforge_aten``.
+
+Encoding (what torch's ``OperatorExportTypes.ONNX_ATEN_FALLBACK`` emits, and what the
+dynamo fallback below emits too): one ``ATen`` node per op, attributes ``operator``
+(``"cummax"``) and ``overload_name`` (``""`` or e.g. ``"Tensor"``); inputs are the
+schema's arguments in order, tensors as tensors and non-tensor arguments as constant
+inputs (int/bool -> int64/bool scalars, float -> float64 scalar, int list -> 1-D int64).
+
+:func:`prepare` normalises exported models for ONNX Runtime, which types custom-op
+outputs from the model and rejects absent entries in a variadic input list:
+interior ``""`` (None) inputs become the empty initializer ``opforge_aten_none``
+(the kernel reads that name as None), trailing ones are dropped (defaults), and
+every ATen output gets its element type in ``value_info``, found by running the op
+on meta tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any, Callable, Optional
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from onnx.defs import OpSchema
+
+ATEN_DOMAIN = "org.pytorch.aten"
+NONE_INPUT = "opforge_aten_none"  # must match aten_csrc/aten_op.cc: kNoneInput
+
+
+class AtenFallbackWarning(UserWarning):
+    """Raised (as a warning) by every export that fell back to ATen nodes, naming the ops."""
+
+
+@functools.lru_cache(maxsize=None)
+def schema() -> OpSchema:
+    all_types = [f"tensor({t})" for t in ("float", "double", "float16", "bfloat16", "int8", "uint8", "int16",
+                                          "int32", "int64", "bool", "string")]
+    Param = OpSchema.FormalParameter
+    variadic = OpSchema.FormalParameterOption.Variadic
+    return OpSchema(
+        "ATen", ATEN_DOMAIN, 1,
+        "Runs the PyTorch ATen operator `operator`.`overload_name` (libopforge_aten in ONNX Runtime).",
+        inputs=[Param("inputs", "T", "schema arguments in order", param_option=variadic, is_homogeneous=False, min_arity=0)],
+        outputs=[Param("outputs", "T", "the op's returns", param_option=variadic, is_homogeneous=False, min_arity=1)],
+        type_constraints=[("T", all_types, "any tensor type")],
+        attributes=[
+            OpSchema.Attribute("operator", OpSchema.AttrType.STRING, "ATen op name, e.g. cummax", required=True),
+            OpSchema.Attribute("overload_name", OpSchema.AttrType.STRING, "overload, '' for the default", required=False),
+        ],
+    )
+
+
+def register_schema() -> None:
+    try:
+        onnx.defs.get_schema("ATen", 1, ATEN_DOMAIN)
+    except onnx.defs.SchemaError:
+        onnx.defs.register_schema(schema())
+
+
+def resolve(operator: str, overload_name: str = "") -> torch._ops.OpOverload:
+    """``("frexp", "Tensor")`` -> ``torch.ops.aten.frexp.Tensor``; clear error if unknown.
+
+    The TorchScript exporter writes ``overload_name=""`` even for ops without a default
+    overload (``aten::searchsorted``); then the ``Tensor`` overload (or else the only
+    non-``out`` one) is meant.
+    """
+    name = operator.split("::")[-1]
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        raise ValueError(f"opforge: aten::{name} is not an ATen operator in torch {torch.__version__}")
+    overloads = packet.overloads()
+    if not overload_name and "default" not in overloads:
+        candidates = [o for o in overloads if not o.endswith("out")]
+        if "Tensor" in candidates:
+            overload_name = "Tensor"
+        elif len(candidates) == 1:
+            overload_name = candidates[0]
+    try:
+        return getattr(packet, overload_name or "default")
+    except AttributeError:
+        raise ValueError(f"opforge: aten::{name} has no overload {overload_name!r}; overloads: {overloads}") from None
+
+
+# ---- post-processing of exported models -------------------------------------------------
+
+_ONNX_TO_TORCH = {
+    TensorProto.FLOAT: torch.float32, TensorProto.DOUBLE: torch.float64, TensorProto.FLOAT16: torch.float16,
+    TensorProto.BFLOAT16: torch.bfloat16, TensorProto.INT8: torch.int8, TensorProto.UINT8: torch.uint8,
+    TensorProto.INT16: torch.int16, TensorProto.INT32: torch.int32, TensorProto.INT64: torch.int64,
+    TensorProto.BOOL: torch.bool,
+}
+_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
+
+
+def _constants(graph: onnx.GraphProto) -> dict:
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+    return values
+
+
+def _decode_constant(arg: torch.Argument, value: np.ndarray) -> Any:
+    t = arg.type
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    kind = t.kind()
+    if kind in ("IntType", "SymIntType"):
+        return int(value.reshape(-1)[0])
+    if kind == "FloatType":
+        return float(value.reshape(-1)[0])
+    if kind == "BoolType":
+        return bool(value.reshape(-1)[0])
+    if kind == "NumberType":
+        return value.reshape(-1)[0].item()
+    if kind == "ListType":
+        return [int(v) if np.issubdtype(value.dtype, np.integer) else float(v) for v in value.reshape(-1)]
+    if kind == "ScalarTypeType":
+        return _SCALAR_TYPES[int(value.reshape(-1)[0])]
+    return value.item() if value.size == 1 else value.tolist()
+
+
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+                 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+
+
+def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict):
+    """Runs op on meta tensors built from the node's input types; None when it cannot."""
+    args = []
+    for i, arg in enumerate(op._schema.arguments):
+        name = node.input[i] if i < len(node.input) else ""
+        if name in ("", NONE_INPUT):
+            if arg.kwarg_only or i >= len(node.input):
+                break
+            args.append(None)
+            continue
+        is_tensor = isinstance(arg.type, torch.TensorType) or (
+            isinstance(arg.type, torch.OptionalType) and isinstance(arg.type.getElementType(), torch.TensorType))
+        if is_tensor:
+            if name not in types:
+                return None
+            shape = [d if isinstance(d, int) and d >= 0 else 2 for d in shapes.get(name) or []]
+            args.append(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
+        elif name in consts:
+            args.append(_decode_constant(arg, consts[name]))
+        else:
+            return None
+    try:
+        out = op(*args)
+    except Exception:
+        return None
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [_TORCH_TO_ONNX.get(o.dtype) if isinstance(o, torch.Tensor) else None for o in outs]
+
+
+def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    types, shapes = {}, {}
+    g = inferred.graph
+    for v in list(g.input) + list(g.value_info) + list(g.output):
+        tt = v.type.tensor_type
+        if tt.elem_type:
+            types[v.name] = tt.elem_type
+            if tt.HasField("shape"):
+                shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    for init in g.initializer:
+        types[init.name] = init.data_type
+        shapes[init.name] = list(init.dims)
+    return types, shapes
+
+
+def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Normalises ATen nodes for ONNX Runtime (see module doc). Returns the model and the
+    sorted list of ATen ops it contains (``["aten::cummax", ...]``)."""
+    g = model.graph
+    aten_nodes = [n for n in g.node if n.op_type == "ATen" and n.domain == ATEN_DOMAIN]
+    if not aten_nodes:
+        return model, []
+    register_schema()
+    ops = set()
+    need_none = False
+    for node in aten_nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        operator = attrs["operator"].decode() if isinstance(attrs["operator"], bytes) else attrs["operator"]
+        overload = attrs.get("overload_name", b"")
+        overload = overload.decode() if isinstance(overload, bytes) else overload
+        resolved = resolve(operator, overload)._schema.overload_name
+        if resolved != overload:  # make the ambiguous "" explicit for the runtime
+            for a in node.attribute:
+                if a.name == "overload_name":
+                    a.s = resolved.encode()
+            if not any(a.name == "overload_name" for a in node.attribute):
+                node.attribute.append(helper.make_attribute("overload_name", resolved))
+            overload = resolved
+        ops.add(f"aten::{operator}" + (f".{overload}" if overload else ""))
+        inputs = list(node.input)
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        if "" in inputs:
+            need_none = True
+            inputs = [NONE_INPUT if name == "" else name for name in inputs]
+        del node.input[:]
+        node.input.extend(inputs)
+    if need_none and NONE_INPUT not in {i.name for i in g.initializer}:
+        g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), NONE_INPUT))
+
+    # Type the ATen outputs, in graph order, re-running ONNX inference as types become known.
+    consts = _constants(g)
+    typed_values = {v.name for v in list(g.value_info) + list(g.output) if v.type.tensor_type.elem_type}
+    pending = [n for n in aten_nodes if not all(o in typed_values for o in n.output if o)]
+    while pending:
+        types, shapes = _known_types(model)
+        progress = False
+        for node in list(pending):
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            operator = attrs["operator"].decode() if isinstance(attrs["operator"], bytes) else attrs["operator"]
+            overload = attrs.get("overload_name", b"")
+            overload = overload.decode() if isinstance(overload, bytes) else overload
+            dtypes = _output_dtypes(resolve(operator, overload), node, types, shapes, consts)
+            if dtypes is None:
+                continue
+            for out, dt in zip(node.output, dtypes):
+                if out and out not in typed_values and dt is not None:
+                    g.value_info.append(helper.make_tensor_value_info(out, dt, None))
+                    typed_values.add(out)
+            pending.remove(node)
+            progress = True
+        if not progress:
+            names = ", ".join(n.name or n.output[0] for n in pending)
+            warnings.warn(f"opforge: could not infer output types of ATen node(s) {names}; "
+                          "ONNX Runtime may reject the model", AtenFallbackWarning, stacklevel=2)
+            break
+    return model, sorted(ops)
+
+
+# ---- dynamo exporter: fallback translations ---------------------------------------------
+
+
+def _constant(op, value: Any, arg: torch.Argument):
+    kind = arg.type.kind() if not isinstance(arg.type, torch.OptionalType) else arg.type.getElementType().kind()
+    if isinstance(value, torch.dtype):
+        code = {v: k for k, v in _SCALAR_TYPES.items()}[value]
+        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [], [code]))
+    if isinstance(value, bool):
+        return op.Constant(value=helper.make_tensor("v", TensorProto.BOOL, [], [value]))
+    if isinstance(value, int) and kind != "FloatType":
+        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [], [value]))
+    if isinstance(value, (int, float)):
+        return op.Constant(value=helper.make_tensor("v", TensorProto.DOUBLE, [], [float(value)]))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [len(value)], list(value)))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return op.Constant(value=helper.make_tensor("v", TensorProto.DOUBLE, [len(value)], [float(v) for v in value]))
+    if isinstance(value, str):
+        return op.Constant(value=helper.make_tensor("v", TensorProto.STRING, [], [value.encode()]))
+    raise TypeError(f"opforge: cannot encode argument {arg.name}={value!r} of type {arg.type} as an ATen node input")
+
+
+def fallback_translation(target: torch._ops.OpOverload) -> Callable:
+    """A dynamo translation emitting ``org.pytorch.aten::ATen`` for ``target``."""
+    from onnxscript import opset18 as op
+    from onnxscript import values as osv
+
+    register_schema()
+    aten = osv.Opset(ATEN_DOMAIN, 1)
+    s = target._schema
+    name, overload = s.name.split("::")[1], s.overload_name
+    n_out = len(s.returns)
+
+    def translation(*args, **kwargs):
+        inputs = []
+        for i, arg in enumerate(s.arguments):
+            if i < len(args):
+                value = args[i]
+            elif arg.name in kwargs:
+                value = kwargs[arg.name]
+            elif arg.has_default_value():
+                value = arg.default_value
+            else:
+                value = None
+            if value is None or isinstance(value, (bool, int, float, str, list, tuple, torch.dtype)) and not _is_value(value):
+                inputs.append(None if value is None else _constant(op, value, arg))
+            else:
+                inputs.append(value)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        return aten.ATen(*inputs, operator=name, overload_name=overload, _num_outputs=n_out)
+
+    translation.__name__ = f"aten_fallback_{name}_{overload or 'default'}"
+    return translation
+
+
+def _is_value(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_is_value(v) for v in x)
+    return not isinstance(x, (bool, int, float, str, torch.dtype, type(None)))
+
+
+def unsupported_targets(exported: torch.export.ExportedProgram, custom: Optional[dict] = None) -> list:
+    """call_function targets of ``exported`` with no ONNX translation (torchlib + ``custom``)."""
+    from torch.onnx._internal.exporter import _registration
+
+    registry = _registration.ONNXRegistry.from_torchlib()
+    custom = custom or {}
+    missing = []
+    for node in exported.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or t in custom:
+            continue
+        if not registry.is_registered(t) and t not in missing:
+            missing.append(t)
+    return missing
+
+
+@dataclasses.dataclass
+class FallbackReport:
+    ops: list
+
+    def __str__(self) -> str:
+        return "ATen fallback for: " + (", ".join(self.ops) if self.ops else "(none)")
