@@ -10,7 +10,7 @@ run the exported models in ONNX Runtime.
 from . import ops, spec, symbolics
 from .export import export
 from .ops import DeformConv2d, MyAdd, MyAddFunction, deform_conv2d, my_add
-from .ort_kernels import MissingOpforgeKernels, ort_library_path, ort_session
+from .ort_kernels import MissingOpforgeKernels, aten_library_path, ort_library_path, ort_session
 from .symbolics import standard_onnx, translation_table
 
 __version__ = "0.1.0"
@@ -21,6 +21,7 @@ __all__ = [
     "DeformConv2d",
     "deform_conv2d",
     "MissingOpforgeKernels",
+    "aten_library_path",
     "MyAdd",
     "MyAddFunction",
     "export",

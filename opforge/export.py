@@ -11,6 +11,7 @@ import onnx
 import torch
 
 from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
+from .symbolics import aten_fallback as _aten
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
 
@@ -32,6 +33,7 @@ def export(
     dynamic_shapes: Any = None,
     dynamic_axes: Optional[Mapping[str, Any]] = None,
     kwargs: Optional[dict] = None,
+    aten_fallback: bool = False,
     check: bool = True,
     **export_options: Any,
 ) -> onnx.ModelProto:
@@ -44,6 +46,11 @@ def export(
     * ``standard_onnx``: None (auto: custom nodes, except deform_conv2d -> ``DeformConv`` from
       opset 19), False (custom nodes everywhere), True (standard ONNX wherever possible), or op
       names (e.g. ``{"my_add"}``: Mul + Add) -- see :mod:`opforge.symbolics.lowering`.
+    * ``aten_fallback``: ops with no ONNX translation become ``org.pytorch.aten::ATen`` nodes
+      (TorchScript: ``ONNX_ATEN_FALLBACK``; dynamo: opforge's equivalent fallback) instead of
+      failing the export. Never silent: an :class:`AtenFallbackWarning` names the ops, and the
+      model's ``metadata_props["opforge.aten_fallback"]`` lists them. Run such models with
+      ``opforge.ort_session`` (registers ``libopforge_aten``).
     * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
 
     Other keyword arguments go to ``torch.onnx.export`` unchanged. Writes ``f`` if given.
@@ -53,13 +60,24 @@ def export(
         args = (args,)
     if dynamo:
         opset = opset_version or DEFAULT_DYNAMO_OPSET
+        table = _dynamo.translation_table(standard, opset)
+        if aten_fallback:
+            if isinstance(model, torch.export.ExportedProgram):
+                exported = model
+            else:
+                if dynamic_shapes is None and dynamic_axes is not None:
+                    raise ValueError("opforge.export: with aten_fallback and dynamo=True, give dynamic_shapes")
+                exported = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+            model, fallback_ops = _aten.decompose_keeping_fallbacks(exported, table)
+            table = {**table, **{op: _aten.fallback_translation(op) for op in fallback_ops}}
+            dynamic_shapes = dynamic_axes = kwargs = None  # carried by the ExportedProgram
         program = torch.onnx.export(
             model,
             args,
             kwargs=kwargs,
             dynamo=True,
             opset_version=opset,
-            custom_translation_table=_dynamo.translation_table(standard, opset),
+            custom_translation_table=table,
             input_names=input_names,
             output_names=output_names,
             dynamic_shapes=dynamic_shapes,
@@ -89,6 +107,8 @@ def export(
                 kwargs=kwargs,
                 dynamo=False,
                 opset_version=opset,
+                operator_export_type=(torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK if aten_fallback
+                                      else export_options.pop("operator_export_type", torch.onnx.OperatorExportTypes.ONNX)),
                 # The exporter imports custom domains at version 1 by itself; passing custom_opsets
                 # would warn on every model that happens not to use an opforge op.
                 custom_opsets={DOMAIN: DOMAIN_VERSION} if DOMAIN_VERSION != 1 else None,
@@ -98,6 +118,13 @@ def export(
                 **export_options,
             )
         proto = onnx.load_from_string(buffer.getvalue())
+    proto, aten_ops = _aten.prepare(proto)
+    if aten_ops:
+        onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                            "opforge.aten_fallback": ",".join(aten_ops)})
+        warnings.warn(f"opforge.export: {len(aten_ops)} op(s) fell back to ATen nodes (run them with "
+                      f"libopforge_aten, e.g. opforge.ort_session): {', '.join(aten_ops)}",
+                      _aten.AtenFallbackWarning, stacklevel=2)
     if check:
         onnx.checker.check_model(proto, full_check=True)
     if f is not None:

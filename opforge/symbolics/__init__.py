@@ -7,7 +7,7 @@
 * :mod:`.lowering`: choose standard ONNX instead of the custom node
 """
 
-from . import dynamo, lowering, onnx_schema, reference, torchscript
+from . import aten_fallback, dynamo, lowering, onnx_schema, reference, torchscript
 from .dynamo import translation_table
 from .lowering import standard_onnx
 
@@ -15,10 +15,12 @@ from .lowering import standard_onnx
 def register_all() -> None:
     """Makes every op known to ONNX (schemas) and to the TorchScript exporter."""
     onnx_schema.register_all()
+    aten_fallback.register_schema()
     torchscript.register_all()
 
 
 __all__ = [
+    "aten_fallback",
     "dynamo",
     "lowering",
     "onnx_schema",

@@ -133,13 +133,14 @@ _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 
 
 def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict):
     """Runs op on meta tensors built from the node's input types; None when it cannot."""
-    args = []
+    args, kwargs = [], {}
     for i, arg in enumerate(op._schema.arguments):
         name = node.input[i] if i < len(node.input) else ""
+        put = (lambda v, a=arg: kwargs.__setitem__(a.name, v)) if arg.kwarg_only else args.append
         if name in ("", NONE_INPUT):
-            if arg.kwarg_only or i >= len(node.input):
+            if i >= len(node.input):
                 break
-            args.append(None)
+            put(None)
             continue
         is_tensor = isinstance(arg.type, torch.TensorType) or (
             isinstance(arg.type, torch.OptionalType) and isinstance(arg.type.getElementType(), torch.TensorType))
@@ -147,17 +148,17 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
             if name not in types:
                 return None
             shape = [d if isinstance(d, int) and d >= 0 else 2 for d in shapes.get(name) or []]
-            args.append(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
+            put(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
         elif name in consts:
-            args.append(_decode_constant(arg, consts[name]))
+            put(_decode_constant(arg, consts[name]))
         else:
             return None
     try:
-        out = op(*args)
+        out = op(*args, **kwargs)
     except Exception:
         return None
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return [_TORCH_TO_ONNX.get(o.dtype) if isinstance(o, torch.Tensor) else None for o in outs]
+    return [(_TORCH_TO_ONNX.get(o.dtype), o.dim()) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
@@ -176,6 +177,32 @@ def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
     return types, shapes
 
 
+def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes) -> None:
+    """The dynamo exporter gives a custom node one output and reads multiple returns
+    with ``SequenceAt(out, k)``; make those real outputs of the ATen node instead."""
+    consts = _constants(g)
+    for node in aten_nodes:
+        out = node.output[0]
+        readers = [n for n in g.node if out in n.input]
+        if not readers or not all(n.op_type == "SequenceAt" and n.input[0] == out for n in readers):
+            continue
+        picks = {int(consts[n.input[1]].reshape(-1)[0]): n.output[0] for n in readers}
+        n_out = max(picks) + 1
+        del node.output[:]
+        node.output.extend(picks.get(k, f"{out}_unused_{k}") for k in range(n_out))
+        for n in readers:
+            g.node.remove(n)
+        for index in {n.input[1] for n in readers}:  # drop index constants nothing reads any more
+            if not any(index in n.input for n in g.node) and index not in {o.name for o in g.output}:
+                for init in [i for i in g.initializer if i.name == index]:
+                    g.initializer.remove(init)
+                for c in [n for n in g.node if n.op_type == "Constant" and index in n.output]:
+                    g.node.remove(c)
+        kept = [v for v in g.value_info if v.name != out]
+        del g.value_info[:]
+        g.value_info.extend(kept)
+
+
 def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """Normalises ATen nodes for ONNX Runtime (see module doc). Returns the model and the
     sorted list of ATen ops it contains (``["aten::cummax", ...]``)."""
@@ -184,6 +211,13 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     if not aten_nodes:
         return model, []
     register_schema()
+    # The dynamo exporter cannot type multi-output custom nodes and leaves type-less
+    # value_info behind (invalid ONNX); drop those, the types are filled in below.
+    typed = [v for v in g.value_info if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type]
+    if len(typed) != len(g.value_info):
+        del g.value_info[:]
+        g.value_info.extend(typed)
+    _unpack_sequence_outputs(g, aten_nodes)
     ops = set()
     need_none = False
     for node in aten_nodes:
@@ -226,9 +260,15 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             dtypes = _output_dtypes(resolve(operator, overload), node, types, shapes, consts)
             if dtypes is None:
                 continue
-            for out, dt in zip(node.output, dtypes):
-                if out and out not in typed_values and dt is not None:
-                    g.value_info.append(helper.make_tensor_value_info(out, dt, None))
+            graph_outputs = {o.name: o for o in g.output}
+            for out, meta in zip(node.output, dtypes):
+                if out and out not in typed_values and meta is not None and meta[0] is not None:
+                    # element type and rank; dims stay unknown (they may be dynamic)
+                    type_proto = helper.make_tensor_type_proto(meta[0], [None] * meta[1])
+                    if out in graph_outputs:  # the exporter left it untyped
+                        graph_outputs[out].type.CopyFrom(type_proto)
+                    else:
+                        g.value_info.append(helper.make_value_info(out, type_proto))
                     typed_values.add(out)
             pending.remove(node)
             progress = True
@@ -325,3 +365,42 @@ class FallbackReport:
 
     def __str__(self) -> str:
         return "ATen fallback for: " + (", ".join(self.ops) if self.ops else "(none)")
+
+
+def _canonical(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    # Graph metadata can hold distinct-but-equal OpOverload objects; sets need one identity.
+    return getattr(getattr(torch.ops.aten, op._schema.name.split("::")[1]), op._overloadname)
+
+
+def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: dict):
+    """Decomposes ``exported`` like the dynamo exporter does, except that ATen ops which
+    would end up untranslatable (directly, or as the ``prims.*`` ops they decompose to)
+    are kept whole so they can fall back to one ATen node each. Returns the decomposed
+    program and the ATen ops that need the fallback."""
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    registry = _registration.ONNXRegistry.from_torchlib()
+    implemented = set(_decomp.get_onnx_implemented_overloads(registry)) | set(custom)
+    keep: set = set()
+    for _ in range(8):  # each round keeps the sources of newly found untranslatable ops
+        table = _decomp.create_onnx_friendly_decomposition_table(implemented | keep)
+        decomposed = exported.run_decompositions(table)
+        new = set()
+        for node in decomposed.graph.nodes:
+            t = node.target
+            if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+                continue
+            if t in implemented or t in keep or registry.is_registered(t):
+                continue
+            if t.namespace == "aten":
+                new.add(_canonical(t))
+            else:  # e.g. prims.frexp from aten.frexp: keep the ATen op it came from
+                source = node.meta.get("original_aten")
+                if isinstance(source, torch._ops.OpOverload) and source.namespace == "aten":
+                    new.add(_canonical(source))
+                else:
+                    raise ValueError(f"opforge: {t} has no ONNX translation and no ATen op to fall back to")
+        if not new - keep:
+            return decomposed, sorted(keep | new, key=str)
+        keep |= new
+    raise RuntimeError("opforge: ATen fallback planning did not converge")
