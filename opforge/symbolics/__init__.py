@@ -7,7 +7,7 @@
 * :mod:`.lowering`: choose standard ONNX instead of the custom node
 """
 
-from . import aten_fallback, dynamo, lowering, onnx_schema, reference, torchscript
+from . import aten_fallback, aten_rules, dynamo, lowering, onnx_schema, reference, torchscript
 from .dynamo import translation_table
 from .lowering import standard_onnx
 
@@ -17,10 +17,12 @@ def register_all() -> None:
     onnx_schema.register_all()
     aten_fallback.register_schema()
     torchscript.register_all()
+    aten_rules.register_all()
 
 
 __all__ = [
     "aten_fallback",
+    "aten_rules",
     "dynamo",
     "lowering",
     "onnx_schema",

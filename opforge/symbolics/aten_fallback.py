@@ -177,6 +177,19 @@ def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
     return types, shapes
 
 
+def _fix_string_constants(g: onnx.GraphProto) -> None:
+    """The TorchScript ATen fallback writes string arguments (``side="right"``) as
+    ``Constant(value=<string attribute>)``, which is not valid ONNX: make them 0-d
+    string tensors."""
+    for node in g.node:
+        if node.op_type != "Constant":
+            continue
+        for attr in node.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.STRING:
+                text = attr.s
+                attr.CopyFrom(helper.make_attribute("value", helper.make_tensor("value", TensorProto.STRING, [], [text])))
+
+
 def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes) -> None:
     """The dynamo exporter gives a custom node one output and reads multiple returns
     with ``SequenceAt(out, k)``; make those real outputs of the ATen node instead."""
@@ -217,6 +230,7 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     if len(typed) != len(g.value_info):
         del g.value_info[:]
         g.value_info.extend(typed)
+    _fix_string_constants(g)
     _unpack_sequence_outputs(g, aten_nodes)
     ops = set()
     need_none = False

@@ -1,0 +1,138 @@
+"""Curated TorchScript symbolics for ATen ops that have an ONNX equivalent but no rule in
+torch's TorchScript exporter (``torch.onnx.export(..., dynamo=False)``).
+
+The candidates are found by asking the exporter's own registry (see
+:func:`missing_in_torch`): ATen ops whose name matches a standard ONNX op and which
+have no registered symbolic at any opset 9..20. Of those, each rule below maps an op
+whose ONNX equivalent is faithful (same values, dtypes and broadcasting), registered
+for every opset from the one the ONNX op appeared in to 20, or is a faithful
+composition where no single op exists. ``import opforge`` registers them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+import onnx
+import torch
+from torch.onnx import symbolic_helper
+
+from ..spec import TORCHSCRIPT_OPSETS
+
+_FLOAT_TYPES = {"Float", "Double", "Half", "BFloat16"}
+
+
+def _scalar_type(v) -> str | None:
+    t = v.type()
+    return t.scalarType() if t.kind() == "TensorType" else None
+
+
+def _as_float(g, x):
+    """torch's unary float ops promote integer inputs to the default float dtype."""
+    if _scalar_type(x) in _FLOAT_TYPES:
+        return x
+    return g.op("Cast", x, to_i=onnx.TensorProto.FLOAT)
+
+
+def _unary(onnx_op: str) -> Callable:
+    @symbolic_helper.parse_args("v")
+    def symbolic(g, self):
+        return g.op(onnx_op, _as_float(g, self))
+
+    symbolic.__name__ = f"{onnx_op.lower()}_symbolic"
+    return symbolic
+
+
+@symbolic_helper.parse_args("v")
+def _trunc(g, self):
+    # ONNX has no Trunc: sign(x) * floor(|x|) is exact (trunc(-0.5) = -0.0 either way).
+    if _scalar_type(self) not in _FLOAT_TYPES:
+        return g.op("Identity", self)  # integers are already whole
+    return g.op("Mul", g.op("Sign", self), g.op("Floor", g.op("Abs", self)))
+
+
+@symbolic_helper.parse_args("v", "v")
+def _bitwise_xor(g, self, other):
+    other = g.op("CastLike", other, self)
+    if _scalar_type(self) == "Bool":
+        return g.op("Xor", self, other)
+    return g.op("BitwiseXor", self, other)
+
+
+@dataclasses.dataclass(frozen=True)
+class AtenRule:
+    aten: str  # "asinh"
+    onnx: str  # what it exports as
+    since: int  # first opset where the ONNX op(s) exist
+    symbolic: Callable
+
+    @property
+    def opsets(self) -> range:
+        return range(max(self.since, TORCHSCRIPT_OPSETS[0]), TORCHSCRIPT_OPSETS[-1] + 1)
+
+
+RULES: tuple[AtenRule, ...] = (
+    AtenRule("asinh", "Asinh", 9, _unary("Asinh")),
+    AtenRule("acosh", "Acosh", 9, _unary("Acosh")),
+    AtenRule("atanh", "Atanh", 9, _unary("Atanh")),
+    AtenRule("sinh", "Sinh", 9, _unary("Sinh")),
+    AtenRule("cosh", "Cosh", 9, _unary("Cosh")),
+    AtenRule("trunc", "Sign * Floor(Abs)", 9, _trunc),
+    AtenRule("fix", "Sign * Floor(Abs)", 9, _trunc),  # alias of trunc
+    AtenRule("bitwise_xor", "BitwiseXor (bool: Xor)", 18, _bitwise_xor),
+)
+
+
+#: Candidates from missing_in_torch() that get no rule here, and why. A test checks that
+#: every candidate is either ruled above or explained here, so a torch upgrade that
+#: changes the list is noticed.
+NOT_RULED: dict[str, str] = {
+    "blackman_window": "exports already: torch traces it into elementary ops",
+    "hamming_window": "exports already: torch traces it into elementary ops",
+    "clip": "alias of aten::clamp, which the tracer records instead",
+    "concat": "alias of aten::cat, which the tracer records instead",
+    "greater": "alias of aten::gt, which the tracer records instead",
+    "less": "alias of aten::lt, which the tracer records instead",
+    "det": "exports already: the tracer records aten::linalg_det, which has a rule",
+    "cumprod": "ONNX CumProd needs opset 26 (the TorchScript exporter stops at 20); use the ATen fallback",
+    "equal": "returns a Python bool, not a tensor: nothing to export",
+    "range": "not equivalent: aten::range includes its end point, ONNX Range excludes it",
+    "resize": "not equivalent: aten::resize_ reallocates storage, ONNX Resize interpolates images",
+}
+
+
+def register_all() -> None:
+    for rule in RULES:
+        for opset in rule.opsets:
+            torch.onnx.register_custom_op_symbolic(f"aten::{rule.aten}", rule.symbolic, opset)
+
+
+def _torch_registry():
+    # The registry is filled when the exporter's symbolic modules are imported.
+    from torch.onnx._internal.torchscript_exporter import registration, utils
+
+    utils._trigger_symbolic_function_registration()
+    return registration.registry
+
+
+def has_torch_rule(aten: str, opset: int) -> bool:
+    """Whether torch itself (not opforge) has a TorchScript symbolic for ``aten::<aten>`` at ``opset``."""
+    group = _torch_registry().get_function_group(f"aten::{aten}")
+    if group is None:
+        return False
+    fn = group.get(opset)
+    return fn is not None and not getattr(fn, "__module__", "").startswith("opforge.")
+
+
+def missing_in_torch(opsets: range = TORCHSCRIPT_OPSETS) -> dict[str, str]:
+    """ATen ops named like a standard ONNX op that torch has no TorchScript rule for at any
+    opset in ``opsets``: ``{"asinh": "Asinh", ...}`` (a candidate list; not all are faithful)."""
+    onnx_ops = sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""})
+    found = {}
+    for name in onnx_ops:
+        for cand in {name.lower(), re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()}:
+            if hasattr(torch.ops.aten, cand) and not any(has_torch_rule(cand, o) for o in opsets):
+                found[cand] = name
+    return found

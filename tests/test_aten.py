@@ -1,0 +1,235 @@
+"""ATen ops: the curated symbolics (ONNX has the op, torch lacks the rule) and the ATen
+fallback (ONNX lacks the op) for both exporters, run in ONNX Runtime with libopforge_aten."""
+
+import io
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import opforge
+from opforge.symbolics import aten_fallback, aten_rules
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+# ---- 1. curated symbolics -------------------------------------------------------------
+
+def test_every_registry_candidate_is_ruled_or_explained():
+    """The candidates come from torch's own registry (ONNX op names that are ATen ops with no
+    TorchScript rule). Each must have a rule here or a documented reason; none may be stale."""
+    candidates = set(aten_rules.missing_in_torch())
+    ruled = {r.aten for r in aten_rules.RULES}
+    assert candidates <= ruled | set(aten_rules.NOT_RULED), candidates - ruled - set(aten_rules.NOT_RULED)
+    assert set(aten_rules.NOT_RULED) <= candidates  # no stale explanations
+    for rule in aten_rules.RULES:  # and no rule overrides one torch has
+        assert not any(aten_rules.has_torch_rule(rule.aten, o) for o in rule.opsets), rule.aten
+
+
+RULE_INPUTS = {
+    "asinh": lambda: torch.randn(3, 4) * 3,
+    "acosh": lambda: torch.rand(3, 4) * 5 + 1,
+    "atanh": lambda: torch.rand(3, 4) * 1.8 - 0.9,
+    "sinh": lambda: torch.randn(3, 4) * 2,
+    "cosh": lambda: torch.randn(3, 4) * 2,
+    "trunc": lambda: torch.cat([torch.randn(3, 4) * 5, torch.tensor([[-0.5, 0.5, -2.0, 2.7]])]),
+    "fix": lambda: torch.randn(3, 4) * 5,
+    "bitwise_xor": lambda: torch.randint(-100, 100, (3, 4), dtype=torch.int32),
+}
+RULE_CASES = [(r.aten, o) for r in aten_rules.RULES for o in sorted({r.opsets[0], max(17, r.opsets[0]), 20})]
+
+
+@pytest.mark.parametrize("aten,opset", RULE_CASES, ids=[f"{a}-opset{o}" for a, o in RULE_CASES])
+def test_curated_symbolic_round_trip(aten, opset):
+    x = RULE_INPUTS[aten]()
+    if aten == "bitwise_xor":
+        fn = lambda a: torch.bitwise_xor(a, a.flip(0)) + torch.bitwise_xor(a > 0, a < 5).int()
+    else:
+        fn = getattr(torch, aten)
+    model = Lambda(fn)
+    buf = io.BytesIO()
+    torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=opset, input_names=["x"])
+    proto = onnx.load_from_string(buf.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    assert not any(n.domain for n in proto.graph.node)  # standard ONNX only
+    (got,) = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_unary_rules_promote_integers_like_torch():
+    x = torch.arange(-3, 4, dtype=torch.int64)
+    buf = io.BytesIO()
+    torch.onnx.export(Lambda(torch.asinh), (x,), buf, dynamo=False, opset_version=17, input_names=["x"])
+    (got,) = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, torch.asinh(x).numpy(), rtol=1e-6)
+
+
+# ---- 2. ATen fallback -------------------------------------------------------------------
+
+def _sorted_seq():
+    return torch.tensor([-1.0, -0.2, 0.3, 0.9, 1.5])
+
+
+FALLBACK_MODELS = {
+    # name: (fn(x), ops expected to fall back with the TorchScript exporter)
+    "logcumsumexp": (lambda x: torch.logcumsumexp(x, 1), {"aten::logcumsumexp"}),
+    "cummax-two-outputs": (lambda x: torch.cummax(x, 1), {"aten::cummax"}),
+    "frexp-float-and-int-outputs": (lambda x: torch.frexp(x), {"aten::frexp.Tensor"}),
+    "searchsorted-kwargs-and-None": (lambda x: torch.searchsorted(_sorted_seq(), x, right=True), {"aten::searchsorted.Tensor"}),
+    "searchsorted-string-arg": (lambda x: torch.searchsorted(_sorted_seq(), x, side="right"), {"aten::searchsorted.Tensor"}),
+    "polygamma-int-first": (lambda x: torch.polygamma(2, x.abs() + 0.5), {"aten::polygamma"}),
+    "kthvalue-ints-two-outputs": (lambda x: torch.kthvalue(x, 2, 1), {"aten::kthvalue"}),
+    "cumprod-optional-dtype": (lambda x: torch.cumprod(x, 1), {"aten::cumprod"}),
+    "histc-int-and-floats": (lambda x: torch.histc(x, bins=4, min=-2, max=2), {"aten::histc"}),
+    "renorm-float-int-float": (lambda x: torch.renorm(x, 2, 0, 1.0), {"aten::renorm"}),
+    "rot90-int-list": (lambda x: torch.rot90(x, 1, [0, 1]), {"aten::rot90"}),
+    "count_nonzero-int-list": (lambda x: torch.count_nonzero(x > 0, dim=[0, 1]), {"aten::count_nonzero.dim_IntList"}),
+}
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("name", list(FALLBACK_MODELS))
+def test_fallback_round_trip(name, exporter):
+    fn, ts_ops = FALLBACK_MODELS[name]
+    model = Lambda(fn).eval()
+    x = torch.randn(3, 4)
+    dynamo = exporter == "dynamo"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        proto = opforge.export(model, (x,), dynamo=dynamo, aten_fallback=True, input_names=["x"], opset_version=18)
+    fell_back = [str(w.message) for w in caught if issubclass(w.category, aten_fallback.AtenFallbackWarning)]
+    aten_nodes = [n for n in proto.graph.node if n.domain == aten_fallback.ATEN_DOMAIN]
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if aten_nodes:  # never silent: warned and recorded, naming exactly the ops in the graph
+        assert fell_back and "fell back to ATen nodes" in fell_back[-1]
+        in_graph = set()
+        for n in aten_nodes:
+            attrs = {a.name: a.s.decode() for a in n.attribute}
+            in_graph.add(f"aten::{attrs['operator']}" + (f".{attrs['overload_name']}" if attrs.get("overload_name") else ""))
+        assert set(meta["opforge.aten_fallback"].split(",")) == in_graph
+        assert all(op in fell_back[-1] for op in in_graph)
+    if not dynamo:
+        assert set(meta.get("opforge.aten_fallback", "").split(",")) == ts_ops
+    else:  # the dynamo exporter translates some of these natively; whatever is left falls back
+        assert set(meta.get("opforge.aten_fallback", "").split(",")) - {""} <= ts_ops
+    with torch.no_grad():
+        expected = model(x)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    outs = opforge.ort_session(proto).run(None, {proto.graph.input[0].name: x.numpy()})
+    assert len(outs) == len(expected)
+    for got, exp in zip(outs, expected):
+        assert got.dtype == exp.numpy().dtype
+        np.testing.assert_allclose(got, exp.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_fallback_with_dynamic_shapes_and_a_mixed_model(exporter):
+    """Standard ops + an opforge custom op + ATen nodes, both libraries registered, dynamic batch."""
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = opforge.my_add(self.lin(x), x)  # opforge::my_add
+            values, idx = torch.cummax(y, 1)    # ATen
+            return torch.relu(values) + torch.logcumsumexp(y, 1), idx
+
+    model = Mixed().eval()
+    dynamo = exporter == "dynamo"
+    kw = dict(dynamic_shapes=({0: torch.export.Dim("n")},)) if dynamo else dict(dynamic_axes={"x": {0: "n"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", aten_fallback.AtenFallbackWarning)
+        proto = opforge.export(model, (torch.randn(2, 4),), dynamo=dynamo, aten_fallback=True, input_names=["x"], **kw)
+    domains = {n.domain for n in proto.graph.node}
+    assert {"opforge", aten_fallback.ATEN_DOMAIN} <= domains
+    x = torch.randn(7, 4)
+    with torch.no_grad():
+        expected = model(x)
+    outs = opforge.ort_session(proto).run(None, {proto.graph.input[0].name: x.numpy()})
+    for got, exp in zip(outs, expected):
+        np.testing.assert_allclose(got, exp.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_without_fallback_export_still_fails_loudly():
+    with pytest.raises(Exception, match="cummax"):
+        opforge.export(Lambda(lambda x: torch.cummax(x, 1)), (torch.randn(2, 3),), dynamo=False)
+
+
+# ---- the ORT kernel on its own: errors ------------------------------------------------
+
+def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(TensorProto.FLOAT, TensorProto.INT64)):
+    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(np.asarray(c))) for i, c in enumerate(consts)]
+    nodes.append(helper.make_node("ATen", [n for n, _ in inputs] + [f"c{i}" for i in range(len(consts))],
+                                  [f"y{i}" for i in range(n_out)], domain=aten_fallback.ATEN_DOMAIN,
+                                  operator=operator, overload_name=overload))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
+                              [helper.make_tensor_value_info(f"y{i}", out_types[i], None) for i in range(n_out)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+
+
+def test_unknown_operator_is_an_error_naming_it():
+    with pytest.raises(Exception, match=r"ATen op aten::no_such_op: no such operator"):
+        opforge.ort_session(aten_model("no_such_op", "", [("x", TensorProto.FLOAT)]))
+    with pytest.raises(Exception, match=r"ATen op aten::cummax.bogus: no such operator \(or overload\)"):
+        opforge.ort_session(aten_model("cummax", "bogus", [("x", TensorProto.FLOAT)]))
+
+
+def test_undecodable_argument_is_an_error_status_and_the_session_survives():
+    x = np.random.randn(3, 4).astype(np.float32)
+    bad = opforge.ort_session(aten_model("cummax", "", [("x", TensorProto.FLOAT), ("dim", TensorProto.FLOAT)], n_out=2))
+    with pytest.raises(Exception, match=r"INVALID_ARGUMENT.*ATen op aten::cummax, argument 1 'dim' \(int\): expected one integer"):
+        bad.run(None, {"x": x, "dim": np.array([1.5], np.float32)})
+    good = opforge.ort_session(aten_model("cummax", "", [("x", TensorProto.FLOAT), ("dim", TensorProto.INT64)], n_out=2))
+    with pytest.raises(Exception, match=r"ATen op aten::cummax failed: .*[Dd]imension out of range"):
+        good.run(None, {"x": x, "dim": np.array(5, np.int64)})
+    values, _ = good.run(None, {"x": x, "dim": np.array(1, np.int64)})  # the same session still works
+    np.testing.assert_array_equal(values, torch.cummax(torch.from_numpy(x), 1).values.numpy())
+
+
+def test_too_many_inputs_is_an_error():
+    sess = opforge.ort_session(aten_model("i0", "", [("x", TensorProto.FLOAT), ("y", TensorProto.FLOAT)]))
+    with pytest.raises(Exception, match=r"ATen op aten::i0: node has 2 inputs but its schema takes 1 arguments"):
+        sess.run(None, {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)})
+
+
+def test_aten_library_links_torch_and_exports_only_register_custom_ops():
+    out = subprocess.run(["nm", "-D", "--defined-only", opforge.aten_library_path()], capture_output=True, text=True, check=True)
+    assert {l.split()[-1].split("@")[0] for l in out.stdout.splitlines() if l.strip()} == {"RegisterCustomOps"}
+    needed = subprocess.run(["readelf", "-d", opforge.aten_library_path()], capture_output=True, text=True, check=True).stdout
+    assert "libtorch_cpu.so" in needed and "onnxruntime" not in needed
+
+
+def test_aten_library_works_in_a_process_without_torch_imported(tmp_path):
+    proto = opforge.export(Lambda(lambda x: torch.cummax(x, 1)), (torch.randn(2, 3),), dynamo=False, aten_fallback=True,
+                           input_names=["x"])
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, onnxruntime as ort
+        so = ort.SessionOptions()
+        so.register_custom_ops_library({opforge.aten_library_path()!r})
+        v, i = ort.InferenceSession({str(path)!r}, so, providers=["CPUExecutionProvider"]).run(
+            None, {{"x": np.array([[1, 3, 2], [0, -1, 5]], np.float32)}})
+        assert v.tolist() == [[1, 3, 3], [0, 0, 5]] and i.tolist() == [[0, 1, 1], [0, 0, 2]], (v, i)
+        assert "torch" not in sys.modules
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
