@@ -8,6 +8,7 @@ run the exported models in ONNX Runtime.
 """
 
 from . import ops, spec, symbolics
+from .diagnosis import Diagnosis, ExportError, diagnose
 from .export import export
 from .ops import DeformConv2d, MyAdd, MyAddFunction, deform_conv2d, my_add
 from .ort_kernels import MissingOpforgeKernels, aten_library_path, ort_library_path, ort_session
@@ -18,6 +19,9 @@ __version__ = "0.1.0"
 symbolics.register_all()
 
 __all__ = [
+    "Diagnosis",
+    "ExportError",
+    "diagnose",
     "DeformConv2d",
     "deform_conv2d",
     "MissingOpforgeKernels",

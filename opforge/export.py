@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
 import warnings
 from typing import Any, Mapping, Optional, Sequence
@@ -11,6 +13,7 @@ import onnx
 import torch
 
 from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
+from .diagnosis import explain_failure as _explain_failure
 from .symbolics import aten_fallback as _aten
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
@@ -54,12 +57,71 @@ def export(
     * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
 
     Other keyword arguments go to ``torch.onnx.export`` unchanged. Writes ``f`` if given.
+
+    When the exporter fails on ops it cannot translate, :class:`opforge.diagnose.ExportError`
+    says, for each such op, whether it is an ATen op, whether ONNX has an equivalent, and which
+    way applies (symbolic, custom op, ATen fallback).
     """
     standard = lowering.resolve(standard_onnx)
     if not isinstance(args, tuple):
         args = (args,)
     if dynamo:
         opset = opset_version or DEFAULT_DYNAMO_OPSET
+    else:
+        opset = opset_version or DEFAULT_TORCHSCRIPT_OPSET
+        if opset not in TORCHSCRIPT_OPSETS:
+            raise ValueError(
+                f"opforge.export: the TorchScript exporter (dynamo=False) supports opsets "
+                f"{TORCHSCRIPT_OPSETS[0]}..{TORCHSCRIPT_OPSETS[-1]}, got opset_version={opset}; "
+                "use dynamo=True for newer opsets"
+            )
+        if dynamic_shapes is not None:
+            raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
+    try:
+        proto = _run_exporter(model, args, dynamo=dynamo, opset=opset, standard=standard, input_names=input_names,
+                              output_names=output_names, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
+                              kwargs=kwargs, aten_fallback=aten_fallback, export_options=export_options)
+    except Exception as exc:
+        explained = None if aten_fallback else _explain_failure(
+            exc, model, args, dynamo=dynamo, opset=opset, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+        if explained is None:
+            raise
+        raise explained from exc
+    proto, aten_ops = _aten.prepare(proto)
+    if aten_ops:
+        onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                            "opforge.aten_fallback": ",".join(aten_ops)})
+        warnings.warn(f"opforge.export: {len(aten_ops)} op(s) fell back to ATen nodes (run them with "
+                      f"libopforge_aten, e.g. opforge.ort_session): {', '.join(aten_ops)}",
+                      _aten.AtenFallbackWarning, stacklevel=2)
+    if check:
+        onnx.checker.check_model(proto, full_check=True)
+    if f is not None:
+        onnx.save(proto, os.fspath(f))
+    return proto
+
+
+@contextlib.contextmanager
+def _quiet_untyped_custom_outputs(active: bool):
+    """The dynamo exporter cannot type the outputs of multi-output custom nodes (ATen
+    fallback) and logs it per value; _aten.prepare types them afterwards, so mute that."""
+    if not active:
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "onnx_ir.serde")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _run_exporter(model, args, *, dynamo, opset, standard, input_names, output_names, dynamic_shapes, dynamic_axes,
+                  kwargs, aten_fallback, export_options) -> onnx.ModelProto:
+    if dynamo:
         table = _dynamo.translation_table(standard, opset)
         if aten_fallback:
             if isinstance(model, torch.export.ExportedProgram):
@@ -71,30 +133,22 @@ def export(
             model, fallback_ops = _aten.decompose_keeping_fallbacks(exported, table)
             table = {**table, **{op: _aten.fallback_translation(op) for op in fallback_ops}}
             dynamic_shapes = dynamic_axes = kwargs = None  # carried by the ExportedProgram
-        program = torch.onnx.export(
-            model,
-            args,
-            kwargs=kwargs,
-            dynamo=True,
-            opset_version=opset,
-            custom_translation_table=table,
-            input_names=input_names,
-            output_names=output_names,
-            dynamic_shapes=dynamic_shapes,
-            dynamic_axes=dynamic_axes,
-            **export_options,
-        )
+        with _quiet_untyped_custom_outputs(aten_fallback):
+            program = torch.onnx.export(
+                model,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                opset_version=opset,
+                custom_translation_table=table,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=dynamic_shapes,
+                dynamic_axes=dynamic_axes,
+                **export_options,
+            )
         proto = program.model_proto
     else:
-        opset = opset_version or DEFAULT_TORCHSCRIPT_OPSET
-        if opset not in TORCHSCRIPT_OPSETS:
-            raise ValueError(
-                f"opforge.export: the TorchScript exporter (dynamo=False) supports opsets "
-                f"{TORCHSCRIPT_OPSETS[0]}..{TORCHSCRIPT_OPSETS[-1]}, got opset_version={opset}; "
-                "use dynamo=True for newer opsets"
-            )
-        if dynamic_shapes is not None:
-            raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
         buffer = io.BytesIO()
         with lowering.standard_onnx(standard), warnings.catch_warnings():
             # The caller chose the TorchScript exporter on purpose; its deprecation notice is noise here.
@@ -118,15 +172,4 @@ def export(
                 **export_options,
             )
         proto = onnx.load_from_string(buffer.getvalue())
-    proto, aten_ops = _aten.prepare(proto)
-    if aten_ops:
-        onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
-                                            "opforge.aten_fallback": ",".join(aten_ops)})
-        warnings.warn(f"opforge.export: {len(aten_ops)} op(s) fell back to ATen nodes (run them with "
-                      f"libopforge_aten, e.g. opforge.ort_session): {', '.join(aten_ops)}",
-                      _aten.AtenFallbackWarning, stacklevel=2)
-    if check:
-        onnx.checker.check_model(proto, full_check=True)
-    if f is not None:
-        onnx.save(proto, os.fspath(f))
     return proto

@@ -386,16 +386,18 @@ def _canonical(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.aten, op._schema.name.split("::")[1]), op._overloadname)
 
 
-def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: dict):
+def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: dict, *, strict: bool = True):
     """Decomposes ``exported`` like the dynamo exporter does, except that ATen ops which
     would end up untranslatable (directly, or as the ``prims.*`` ops they decompose to)
     are kept whole so they can fall back to one ATen node each. Returns the decomposed
-    program and the ATen ops that need the fallback."""
+    program and the ATen ops that need the fallback (with ``strict=False``, also the
+    non-ATen ops nothing can translate, as a third item, instead of raising)."""
     from torch.onnx._internal.exporter import _decomp, _registration
 
     registry = _registration.ONNXRegistry.from_torchlib()
     implemented = set(_decomp.get_onnx_implemented_overloads(registry)) | set(custom)
     keep: set = set()
+    others: dict = {}
     for _ in range(8):  # each round keeps the sources of newly found untranslatable ops
         table = _decomp.create_onnx_friendly_decomposition_table(implemented | keep)
         decomposed = exported.run_decompositions(table)
@@ -406,15 +408,21 @@ def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: 
                 continue
             if t in implemented or t in keep or registry.is_registered(t):
                 continue
+            if t._opname.startswith(("_assert", "sym_constrain")):  # the exporter drops these checks
+                continue
             if t.namespace == "aten":
                 new.add(_canonical(t))
             else:  # e.g. prims.frexp from aten.frexp: keep the ATen op it came from
                 source = node.meta.get("original_aten")
                 if isinstance(source, torch._ops.OpOverload) and source.namespace == "aten":
                     new.add(_canonical(source))
+                elif strict:
+                    raise ValueError(f"opforge: {t} has no ONNX translation and no ATen op to fall back to "
+                                     "(it is not an ATen op: give it a custom op or a translation)")
                 else:
-                    raise ValueError(f"opforge: {t} has no ONNX translation and no ATen op to fall back to")
+                    others[str(t)] = t
         if not new - keep:
-            return decomposed, sorted(keep | new, key=str)
+            fallbacks = sorted(keep | new, key=str)
+            return (decomposed, fallbacks) if strict else (decomposed, fallbacks, list(others.values()))
         keep |= new
     raise RuntimeError("opforge: ATen fallback planning did not converge")

@@ -1,0 +1,191 @@
+"""Why won't my model export, and what do I do about it?
+
+The decision users walk through by hand (see the reference documents): for each op the
+exporter cannot translate,
+
+1. is it an ATen op?                 (``aten::`` namespace vs ``torchvision::``, ``mylib::``)
+2. does standard ONNX have an equivalent at this opset?
+3. so which way:
+   * **symbolic**      — ATen op with an ONNX equivalent: a symbolic maps it (opforge ships
+                         the ones torch lacks: :mod:`opforge.symbolics.aten_rules`);
+   * **ATen fallback** — ATen op without an ONNX equivalent: ``opforge.export(...,
+                         aten_fallback=True)`` + ``libopforge_aten`` in ONNX Runtime;
+   * **custom op**     — not an ATen op: give it an ONNX custom-domain op and an ORT kernel
+                         (an opforge ``OpSpec``), or a symbolic composing standard ONNX ops.
+
+:func:`diagnose` answers for every op of a model at once; :func:`opforge.export` attaches
+the same answer to its error when an export fails (:class:`ExportError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import warnings
+from typing import Optional
+
+import onnx
+import torch
+
+from .spec import TORCHSCRIPT_OPSETS
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDiagnosis:
+    op: str  # "aten::cummax", "torchvision::roi_align"
+    is_aten: bool
+    onnx_equivalent: Optional[str]  # "Asinh (opset 9+)" or None
+    way: str  # "symbolic" | "ATen fallback" | "custom op"
+    advice: str
+
+    def __str__(self) -> str:
+        eq = self.onnx_equivalent or "none"
+        return (f"{self.op}: ATen op: {'yes' if self.is_aten else 'no'}; ONNX equivalent: {eq}; "
+                f"way: {self.way} -- {self.advice}")
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    exporter: str
+    opset: int
+    unsupported: list
+
+    @property
+    def ok(self) -> bool:
+        return not self.unsupported
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"opforge.diagnose: every op exports with the {self.exporter} exporter at opset {self.opset}"
+        lines = [f"opforge.diagnose: {len(self.unsupported)} op(s) have no ONNX translation "
+                 f"({self.exporter} exporter, opset {self.opset}):"]
+        lines += [f"  - {d}" for d in self.unsupported]
+        return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=None)
+def _onnx_since() -> dict:
+    since: dict = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain == "":
+            since[s.name] = min(since.get(s.name, 10**6), s.since_version)
+    return since
+
+
+def onnx_equivalent(aten_name: str) -> Optional[tuple[str, int]]:
+    """``"asinh"`` -> ``("Asinh", 9)``: a standard ONNX op of the same name (case/underscores
+    ignored) and the opset it appeared in, or None."""
+    key = aten_name.replace("_", "").lower()
+    for name, since in _onnx_since().items():
+        if name.lower() == key:
+            return name, since
+    return None
+
+
+def classify(op: str, opset: int) -> OpDiagnosis:
+    from .symbolics import aten_rules
+
+    namespace, _, rest = op.partition("::")
+    name = rest.split(".")[0]
+    if namespace != "aten":
+        return OpDiagnosis(op, False, None, "custom op",
+                           "define it as an ONNX custom-domain op with an ORT kernel (an opforge OpSpec + "
+                           "compute core), or write a symbolic that composes standard ONNX ops; for "
+                           "torchvision::deform_conv2d, `import opforge` already does")
+    ruled = {r.aten: r for r in aten_rules.RULES}
+    eq = onnx_equivalent(name)
+    if name in ruled:
+        rule = ruled[name]
+        return OpDiagnosis(op, True, f"{rule.onnx} (opset {rule.since}+)", "symbolic",
+                           f"opforge registers a symbolic for opsets {rule.since}..20 on `import opforge`"
+                           + ("" if opset >= rule.since else f"; raise the opset to {rule.since} or more"))
+    if eq is not None and name not in aten_rules.NOT_RULED:
+        onnx_name, since = eq
+        if opset >= since:
+            return OpDiagnosis(op, True, f"{onnx_name} (opset {since}+)", "symbolic",
+                               f"register a symbolic mapping it to {onnx_name} "
+                               f"(torch.onnx.register_custom_op_symbolic('aten::{name}', fn, opset))")
+        return OpDiagnosis(op, True, f"{onnx_name} (opset {since}+)", "symbolic",
+                           f"export at opset {since} or more, or use aten_fallback=True at opset {opset}")
+    return OpDiagnosis(op, True, None, "ATen fallback",
+                       "export with opforge.export(..., aten_fallback=True) and run it with "
+                       "opforge.ort_session (registers libopforge_aten), or rewrite it with supported ops")
+
+
+def _torchscript_unsupported(model, args, opset) -> list[str]:
+    from torch.onnx._internal.torchscript_exporter import registration, utils
+
+    utils._trigger_symbolic_function_registration()
+    registry = registration.registry
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace is what the TorchScript exporter uses too
+        traced = torch.jit.trace(model, args, check_trace=False, strict=False)
+    graph = traced.inlined_graph
+    missing = []
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind.startswith(("prim::", "onnx::")) or kind in missing:
+            continue
+        if not registry.is_registered_op(kind, opset):
+            missing.append(kind)
+    return missing
+
+
+def _dynamo_unsupported(model, args, kwargs, dynamic_shapes) -> list[str]:
+    from .symbolics import aten_fallback, dynamo
+
+    exported = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(
+        model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+    _, ops, others = aten_fallback.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
+    names = []
+    for op in [*ops, *others]:
+        s = op._schema
+        names.append(s.name + (f".{s.overload_name}" if s.overload_name else ""))
+    return names
+
+
+def diagnose(model, args: tuple, *, dynamo: bool = False, opset_version: Optional[int] = None,
+             kwargs: Optional[dict] = None, dynamic_shapes=None) -> Diagnosis:
+    """Lists every op of ``model(*args)`` the chosen exporter cannot translate (with opforge's
+    rules registered), each with the way to export it."""
+    import opforge  # noqa: F401  (rules registered)
+
+    if not isinstance(args, tuple):
+        args = (args,)
+    if dynamo:
+        opset = opset_version or 18
+        ops = _dynamo_unsupported(model, args, kwargs, dynamic_shapes)
+    else:
+        opset = opset_version or TORCHSCRIPT_OPSETS[-1]
+        ops = _torchscript_unsupported(model, args, opset)
+    return Diagnosis("dynamo" if dynamo else "TorchScript", opset, [classify(op, opset) for op in ops])
+
+
+class ExportError(RuntimeError):
+    """An export failed on ops with no ONNX translation; the message (and .diagnosis) says what to do."""
+
+    def __init__(self, message: str, diagnosis: Optional[Diagnosis] = None):
+        super().__init__(message)
+        self.diagnosis = diagnosis
+
+
+_OP_IN_MESSAGE = re.compile(r"(?:operator '|namespace |operator )([\w.]+::[\w.]+)")
+
+
+def explain_failure(exc: BaseException, model, args, *, dynamo: bool, opset: int, kwargs=None,
+                    dynamic_shapes=None) -> Optional[ExportError]:
+    """An ExportError explaining ``exc`` (an exporter failure), or None if it is not about
+    unsupported ops."""
+    try:
+        diagnosis = diagnose(model, args, dynamo=dynamo, opset_version=opset, kwargs=kwargs,
+                             dynamic_shapes=dynamic_shapes)
+    except Exception:  # the diagnosis must never hide the real error
+        diagnosis = None
+    if diagnosis is None or diagnosis.ok:
+        names = _OP_IN_MESSAGE.findall(str(exc))
+        if not names:
+            return None
+        diagnosis = Diagnosis("dynamo" if dynamo else "TorchScript", opset, [classify(n, opset) for n in names])
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    return ExportError(f"opforge.export failed: {first}\n{diagnosis}", diagnosis)

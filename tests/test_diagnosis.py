@@ -1,0 +1,64 @@
+"""opforge.diagnose and the errors of opforge.export: which op, ATen or not, ONNX equivalent or
+not, and which way applies (symbolic, custom op, ATen fallback)."""
+
+import pytest
+import torch
+
+import opforge
+from opforge.diagnosis import classify
+
+
+@torch.library.custom_op("opforge_test::scale", mutates_args=())
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Unsupported(torch.nn.Module):
+    def forward(self, x):
+        return torch.cummax(x, 1)[0] + torch.asinh(x) + torch.ops.opforge_test.scale(x)
+
+
+def test_classify_follows_the_flowchart():
+    fallback = classify("aten::cummax", 17)
+    assert (fallback.is_aten, fallback.onnx_equivalent, fallback.way) == (True, None, "ATen fallback")
+    assert "aten_fallback=True" in fallback.advice
+    ruled = classify("aten::asinh", 17)
+    assert (ruled.is_aten, ruled.way) == (True, "symbolic") and ruled.onnx_equivalent.startswith("Asinh")
+    assert "opforge registers a symbolic" in ruled.advice
+    later = classify("aten::bitwise_xor", 16)
+    assert later.way == "symbolic" and "raise the opset to 18" in later.advice
+    custom = classify("mylib::fancy", 17)
+    assert (custom.is_aten, custom.onnx_equivalent, custom.way) == (False, None, "custom op")
+    unruled_equivalent = classify("aten::celu", 11)  # torch has Celu from 12: at 11 the advice is the opset
+    assert unruled_equivalent.way == "symbolic" and "opset 12" in unruled_equivalent.advice
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_diagnose_lists_every_unsupported_op(dynamo):
+    d = opforge.diagnose(Unsupported(), (torch.randn(3, 4),), dynamo=dynamo, opset_version=17 if not dynamo else 18)
+    by_op = {x.op: x for x in d.unsupported}
+    assert set(by_op) == {"aten::cummax", "opforge_test::scale"}  # asinh: opforge's rule covers it
+    assert by_op["aten::cummax"].way == "ATen fallback"
+    assert by_op["opforge_test::scale"].way == "custom op" and not by_op["opforge_test::scale"].is_aten
+    text = str(d)
+    assert "2 op(s) have no ONNX translation" in text and "ATen op: no" in text
+
+
+def test_diagnose_ok_model():
+    d = opforge.diagnose(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
+    assert d.ok and "every op exports" in str(d)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_export_failure_carries_the_diagnosis(dynamo):
+    with pytest.raises(opforge.ExportError) as info:
+        opforge.export(Unsupported(), (torch.randn(3, 4),), dynamo=dynamo)
+    message = str(info.value)
+    assert "aten::cummax: ATen op: yes; ONNX equivalent: none; way: ATen fallback" in message
+    assert "opforge_test::scale: ATen op: no; ONNX equivalent: none; way: custom op" in message
+    assert info.value.diagnosis is not None and info.value.__cause__ is not None
