@@ -95,6 +95,7 @@ def cmd_info(args) -> int:
     print(f"onnxruntime    {onnxruntime.__version__}")
     print(f"torch ext      {opforge._C.__file__}")
     print(f"ORT library    {opforge.ort_library_path()}")
+    print(f"ATen library   {opforge.aten_library_path()}  (org.pytorch.aten::ATen, links libtorch)")
     for spec in REGISTRY.values():
         opsets = spec.torchscript_opsets
         print(

@@ -20,6 +20,7 @@ def test_tutorial_runs(tutorial, tmp_path):
     out = run([str(tutorial)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "matches torch" in out.stdout
+    assert "Error" not in out.stdout
     assert list(tmp_path.iterdir()) == []  # tutorials write to their own temp dirs
 
 
@@ -57,3 +58,19 @@ def test_my_add_benchmark_reports_ratios(tmp_path):
     for key in ("ratio_vs_torch_add_alpha", "ratio_vs_2a_plus_b", "ratio_ort_vs_mul_add"):
         assert result[key] > 0
     assert set(result["torch_ms"]) == {"opforge.my_add", "2*a+b", "torch.add(alpha=2)"}
+
+
+def test_deform_conv2d_benchmark_reports_ratios(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_deform_conv2d.py"), "--batch", "1", "--channels", "8", "--size", "12",
+               "--repeats", "2", "--tv-repeats", "1", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    for key in ("ort_vs_builtin", "forward_vs_conv2d", "speedup_forward_vs_torchvision", "speedup_fwd_bwd_vs_torchvision"):
+        assert result[key] > 0
+
+
+def test_aten_fallback_benchmark_reports_overhead(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_aten_fallback.py"), "--nodes", "8", "--repeats", "5", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result["ort_aten_us_per_node"] > 0 and "overhead_us_per_node" in result
