@@ -147,7 +147,7 @@ def _run_exporter(model, args, *, dynamo, opset, standard, input_names, output_n
                 dynamic_axes=dynamic_axes,
                 **export_options,
             )
-        proto = program.model_proto
+            proto = program.model_proto  # serialised lazily: inside the quiet block
     else:
         buffer = io.BytesIO()
         with lowering.standard_onnx(standard), warnings.catch_warnings():

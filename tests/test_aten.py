@@ -95,6 +95,7 @@ FALLBACK_MODELS = {
     "polygamma-int-first": (lambda x: torch.polygamma(2, x.abs() + 0.5), {"aten::polygamma"}),
     "kthvalue-ints-two-outputs": (lambda x: torch.kthvalue(x, 2, 1), {"aten::kthvalue"}),
     "cumprod-optional-dtype": (lambda x: torch.cumprod(x, 1), {"aten::cumprod"}),
+    "cumprod-dtype-arg": (lambda x: torch.cumprod(x, 1, dtype=torch.float64), {"aten::cumprod"}),
     "histc-int-and-floats": (lambda x: torch.histc(x, bins=4, min=-2, max=2), {"aten::histc"}),
     "renorm-float-int-float": (lambda x: torch.renorm(x, 2, 0, 1.0), {"aten::renorm"}),
     "rot90-int-list": (lambda x: torch.rot90(x, 1, [0, 1]), {"aten::rot90"}),

@@ -108,7 +108,7 @@ def _constants(graph: onnx.GraphProto) -> dict:
 
 
 def _decode_constant(arg: torch.Argument, value: np.ndarray) -> Any:
-    t = arg.type
+    t = getattr(arg, "real_type", arg.type)  # .type shows ScalarType as int
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
     kind = t.kind()
@@ -298,7 +298,11 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 
 
 def _constant(op, value: Any, arg: torch.Argument):
-    kind = arg.type.kind() if not isinstance(arg.type, torch.OptionalType) else arg.type.getElementType().kind()
+    t = getattr(arg, "real_type", arg.type)  # .type shows ScalarType as int
+    kind = t.getElementType().kind() if isinstance(t, torch.OptionalType) else t.kind()
+    if kind == "ScalarTypeType" and not isinstance(value, torch.dtype):
+        # the dynamo exporter hands dtypes to translations as ONNX data types (ir.DataType)
+        value = _ONNX_TO_TORCH[int(value)]
     if isinstance(value, torch.dtype):
         code = {v: k for k, v in _SCALAR_TYPES.items()}[value]
         return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [], [code]))
