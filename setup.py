@@ -92,7 +92,7 @@ def torch_extension():
     # at::parallel_for is an inline OpenMP region: without -fopenmp it runs serially.
     # The runtime libgomp is the one torch already loaded (same SONAME).
     kwargs = dict(
-        include_dirs=[CORE_INCLUDE, rel("opforge", "ops", "csrc")],
+        include_dirs=[CORE_INCLUDE, os.path.join(ROOT, "opforge", "ops", "csrc")],
         extra_link_args=["-fopenmp"],
         py_limited_api=True,
     )
@@ -137,7 +137,7 @@ def aten_library():
     return Extension(
         ATEN_LIB_NAME,
         sources=sorted(glob.glob(os.path.join(csrc, "*.cc"))),
-        include_dirs=[find_ort_include(), *cpp_extension.include_paths()],
+        include_dirs=[os.path.join(ROOT, "opforge", "ort_kernels", "csrc"), find_ort_include(), *cpp_extension.include_paths()],
         library_dirs=lib_dirs,
         libraries=["c10", "torch_cpu"],  # not torch_python: usable by any ORT process, no Python needed
         language="c++",

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -23,6 +21,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import opforge
+from timing import round_robin
 from opforge.symbolics.aten_fallback import ATEN_DOMAIN
 
 
@@ -42,17 +41,6 @@ def chain_model(n: int, aten: bool):
                               value_info=[helper.make_tensor_value_info(f"h{i}", TensorProto.FLOAT, None) for i in range(n - 1)])
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(ATEN_DOMAIN, 1)] if aten else [])
     return helper.make_model(graph, opset_imports=opsets)
-
-
-def median_time(fn, repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def main(argv=None) -> dict:
@@ -81,9 +69,9 @@ def main(argv=None) -> dict:
 
     np.testing.assert_allclose(aten.run(None, feeds)[0], eager().numpy(), rtol=1e-5)
     with torch.inference_mode():
-        t_eager = median_time(eager, args.repeats)
-    t_aten = median_time(lambda: aten.run(None, feeds), args.repeats)
-    t_native = median_time(lambda: native.run(None, feeds), args.repeats)
+        ms = round_robin({"eager": eager, "aten": lambda: aten.run(None, feeds),
+                          "native": lambda: native.run(None, feeds)}, args.repeats, warmup=5)
+    t_eager, t_aten, t_native = (ms[k] / 1e3 for k in ("eager", "aten", "native"))
     n = args.nodes
     r = {
         "nodes": n, "numel": args.numel,

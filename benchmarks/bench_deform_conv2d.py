@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -25,19 +23,7 @@ import torchvision
 from onnx import TensorProto, helper
 
 import opforge
-
-
-def round_robin(candidates: dict, repeats: int, warmup: int = 2) -> dict:
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    samples = {k: [] for k in candidates}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+from timing import round_robin
 
 
 def single_node(op_type, domain, inputs, attrs, opsets):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import onnx
@@ -24,19 +22,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opforge
-
-
-def time_round_robin(candidates: dict, repeats: int, warmup: int = 3) -> dict:
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    samples = {name: [] for name in candidates}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+from timing import round_robin
 
 
 def ort_graph(custom: bool) -> onnx.ModelProto:
@@ -65,7 +51,7 @@ def main(argv=None) -> dict:
     a = torch.randn(args.numel)
     b = torch.randn(args.numel)
     torch.testing.assert_close(opforge.my_add(a, b), torch.add(b, a, alpha=2))
-    torch_ms = time_round_robin(
+    torch_ms = round_robin(
         {
             "opforge.my_add": lambda: opforge.my_add(a, b),
             "2*a+b": lambda: 2 * a + b,
@@ -78,7 +64,7 @@ def main(argv=None) -> dict:
     ours = opforge.ort_session(ort_graph(custom=True), intra_op_num_threads=args.threads)
     anchor = opforge.ort_session(ort_graph(custom=False), intra_op_num_threads=args.threads, register_opforge=False)
     np.testing.assert_allclose(ours.run(None, feeds)[0], anchor.run(None, feeds)[0], rtol=1e-6)
-    ort_ms = time_round_robin(
+    ort_ms = round_robin(
         {"ORT opforge::my_add": lambda: ours.run(None, feeds), "ORT Mul+Add": lambda: anchor.run(None, feeds)},
         args.repeats,
     )

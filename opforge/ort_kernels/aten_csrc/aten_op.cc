@@ -17,6 +17,8 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#include "ort_registration.h"  // from ../csrc
+
 #include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -291,32 +293,18 @@ struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
   bool GetVariadicOutputHomogeneity() const { return false; }
 };
 
-void keep_domain_alive(Ort::CustomOpDomain&& domain) {
-  static std::vector<Ort::CustomOpDomain> domains;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  domains.push_back(std::move(domain));
-}
-
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
-  if (api == nullptr) {
-    const OrtApi* v1 = api_base->GetApi(1);
-    const std::string msg = std::string("opforge: libopforge_aten needs ONNX Runtime API version ") +
-                            std::to_string(ORT_API_VERSION) + " (onnxruntime >= 1." + std::to_string(ORT_API_VERSION) +
-                            "), but this runtime is onnxruntime " + api_base->GetVersionString() + "; upgrade onnxruntime";
-    return v1 ? v1->CreateStatus(ORT_NOT_IMPLEMENTED, msg.c_str()) : nullptr;
-  }
-  Ort::InitApi(api);
+  OrtStatus* error = nullptr;
+  if (!opforge::ort::init_api(api_base, "libopforge_aten", &error)) return error;
   static AtenOp aten_op;  // outlives every session
   try {
     Ort::CustomOpDomain domain{kAtenDomain};
     domain.Add(&aten_op);
     Ort::UnownedSessionOptions(options).Add(domain);
-    keep_domain_alive(std::move(domain));
+    opforge::ort::keep_domain_alive(std::move(domain));
   } catch (const std::exception& e) {
     return Ort::Status(e).release();
   }
