@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
@@ -61,8 +62,16 @@ def main(argv=None) -> dict:
     )
 
     feeds = {"A": a.numpy(), "B": b.numpy()}
-    ours = opforge.ort_session(ort_graph(custom=True), intra_op_num_threads=args.threads)
-    anchor = opforge.ort_session(ort_graph(custom=False), intra_op_num_threads=args.threads, register_opforge=False)
+    def options():
+        # Two sessions = two thread pools on the same cores: with spinning on, the idle pool's
+        # spinning threads steal the cores from the running one. Same settings for both.
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = args.threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return so
+
+    ours = opforge.ort_session(ort_graph(custom=True), options())
+    anchor = opforge.ort_session(ort_graph(custom=False), options(), register_opforge=False)
     np.testing.assert_allclose(ours.run(None, feeds)[0], anchor.run(None, feeds)[0], rtol=1e-6)
     ort_ms = round_robin(
         {"ORT opforge::my_add": lambda: ours.run(None, feeds), "ORT Mul+Add": lambda: anchor.run(None, feeds)},
