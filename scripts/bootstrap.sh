@@ -3,7 +3,7 @@
 #   1. a virtualenv in .venv (override with OPFORGE_VENV)
 #   2. the pinned packages of requirements.txt (torch 2.14.1, onnxruntime, ...)
 #   3. ONNX Runtime's C/C++ headers in deps/ (scripts/fetch_ort_headers.sh)
-#   4. the native build: torch extension + libopforge_ort.so (editable install,
+#   4. the native build: torch extension, libopforge_ort.so, libopforge_aten.so (editable install,
 #      no build isolation; ninja rebuilds only what changed)
 # Re-running it is cheap: each step is skipped or incremental when up to date.
 set -euo pipefail
@@ -34,7 +34,7 @@ else
   bash "$root/scripts/fetch_ort_headers.sh"
 fi
 
-step 4/4 "build opforge (torch extension + libopforge_ort.so)"
+step 4/4 "build opforge (torch extension, libopforge_ort.so, libopforge_aten.so)"
 cd "$root"
 "$venv/bin/python" -m pip install --no-build-isolation --no-deps -e . 2>&1 | grep -vE '^\s*$' | tail -n 3
 "$venv/bin/python" -c "import opforge; print('opforge ready:', opforge.ort_library_path())"
