@@ -129,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge::deform_conv2d_backward", [&] {
     using T = scalar_t;
     const int64_t P = p.out_pixels(), kk = p.taps();
-    const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group(), Cg = p.in_channels_per_group();
+    const int64_t Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
     const int64_t tile = std::min<int64_t>(256, P), tiles = (P + tile - 1) / tile;
     const T* in = input.const_data_ptr<T>();
     const T* off = offset.const_data_ptr<T>();
@@ -170,7 +170,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
         core::TapTable<T> taps;
         core::col2im_channels(p, off, msk, n, c0, c1, gcol, P, grad_input.mutable_data_ptr<T>(), taps);
       });
-      (void)Cg;
     }
   });
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};

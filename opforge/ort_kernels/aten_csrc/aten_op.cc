@@ -14,7 +14,9 @@
 // the argument, never a crash.
 //
 // Unlike libopforge_ort (which must not), this library links libtorch.
+#ifndef ORT_API_MANUAL_INIT  // also set by setup.py
 #define ORT_API_MANUAL_INIT
+#endif
 #include <onnxruntime_cxx_api.h>
 
 #include "ort_registration.h"  // from ../csrc
