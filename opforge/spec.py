@@ -120,7 +120,8 @@ class OpSpec:
         return inspect.Signature([inspect.Parameter(n, kind) for n in leading + tuple(a.name for a in self.args)])
 
     def split_args(self, values) -> tuple[list, dict]:
-        """Splits positional torch-order values into (ONNX inputs, {onnx attr name: value})."""
+        """Splits positional torch-order values into (ONNX inputs, {onnx attr name: value});
+        bool attributes become ints (ONNX has no bool attribute)."""
         if len(values) != len(self.args):
             raise TypeError(f"{self.qualname}: expected {len(self.args)} arguments, got {len(values)}")
         inputs, attrs = [], {}
@@ -128,7 +129,7 @@ class OpSpec:
             if isinstance(arg, TensorArg):
                 inputs.append(value)
             else:
-                attrs[arg.onnx_name] = value
+                attrs[arg.onnx_name] = int(value) if arg.kind == "bool" else value
         return inputs, attrs
 
 

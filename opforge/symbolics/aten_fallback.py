@@ -177,6 +177,12 @@ def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
     return types, shapes
 
 
+def _node_op(node: onnx.NodeProto) -> tuple[str, str]:
+    """(operator, overload_name) of an ATen node."""
+    attrs = {a.name: a.s.decode() for a in node.attribute if a.name in ("operator", "overload_name")}
+    return attrs["operator"], attrs.get("overload_name", "")
+
+
 def _fix_string_constants(g: onnx.GraphProto) -> None:
     """The TorchScript ATen fallback writes string arguments (``side="right"``) as
     ``Constant(value=<string attribute>)``, which is not valid ONNX: make them 0-d
@@ -235,10 +241,7 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     ops = set()
     need_none = False
     for node in aten_nodes:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        operator = attrs["operator"].decode() if isinstance(attrs["operator"], bytes) else attrs["operator"]
-        overload = attrs.get("overload_name", b"")
-        overload = overload.decode() if isinstance(overload, bytes) else overload
+        operator, overload = _node_op(node)
         resolved = resolve(operator, overload)._schema.overload_name
         if resolved != overload:  # make the ambiguous "" explicit for the runtime
             for a in node.attribute:
@@ -267,11 +270,7 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         types, shapes = _known_types(model)
         progress = False
         for node in list(pending):
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            operator = attrs["operator"].decode() if isinstance(attrs["operator"], bytes) else attrs["operator"]
-            overload = attrs.get("overload_name", b"")
-            overload = overload.decode() if isinstance(overload, bytes) else overload
-            dtypes = _output_dtypes(resolve(operator, overload), node, types, shapes, consts)
+            dtypes = _output_dtypes(resolve(*_node_op(node)), node, types, shapes, consts)
             if dtypes is None:
                 continue
             graph_outputs = {o.name: o for o in g.output}

@@ -36,8 +36,6 @@ def custom_translation(spec: OpSpec) -> Callable:
 
     def translation(*values):
         inputs, attrs = spec.split_args(values)
-        kinds = {a.onnx_name: a.kind for a in spec.attr_args}
-        attrs = {k: (int(v) if kinds[k] == "bool" else v) for k, v in attrs.items()}
         return getattr(opset, spec.name)(*inputs, **attrs)
 
     translation.__name__ = f"{spec.name}_custom"

@@ -46,7 +46,7 @@ def symbolic(spec: OpSpec):
             return spec.standard_torchscript(g, *values)
         inputs, attrs = spec.split_args(values)
         kinds = {a.onnx_name: a.kind for a in spec.attr_args}
-        g_attrs = {f"{name}_{_SUFFIX[kinds[name]]}": (int(v) if kinds[name] == "bool" else v) for name, v in attrs.items()}
+        g_attrs = {f"{name}_{_SUFFIX[kinds[name]]}": v for name, v in attrs.items()}
         out = g.op(f"{spec.domain}::{spec.name}", *inputs, outputs=len(spec.outputs), **g_attrs)
         _set_output_types(spec, inputs, attrs, out)
         return out

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu_dispatch.h"
+#include "format.h"
 #include "gemm.h"
 
 namespace opforge {
@@ -49,12 +50,6 @@ struct DeformConv2dParams {
   // Rows of the column matrix of one weight group: (C/wg) * kh * kw.
   int64_t col_rows_per_group() const { return in_channels_per_group() * taps(); }
 };
-
-inline std::string dims_str(const int64_t* d, int n) {
-  std::string s = "[";
-  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
 
 // Checks every argument against torchvision's contract and fills p (incl.
 // out_h/out_w). Returns "" when valid, else a message naming op and argument;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/broadcast.h"
+#include "core/format.h"
 #include "core/half.h"
 
 namespace opforge {
@@ -56,10 +57,6 @@ inline std::vector<int64_t> broadcast_strides(const at::Tensor& t, at::IntArrayR
   return strides;
 }
 
-inline std::string shape_str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+inline std::string shape_str(at::IntArrayRef s) { return core::dims_str(s.data(), s.size()); }
 
 }  // namespace opforge

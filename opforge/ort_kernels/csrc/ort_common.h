@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/format.h"
 #include "core/half.h"
 
 namespace opforge {
@@ -49,11 +50,7 @@ typename core_scalar<T>::type* core_ptr(T* p) {
   return reinterpret_cast<typename core_scalar<T>::type*>(p);
 }
 
-inline std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+inline std::string shape_str(const std::vector<int64_t>& s) { return core::dims_str(s.data(), s.size()); }
 
 inline Ort::Status invalid_argument(const std::string& msg) {
   return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT);
