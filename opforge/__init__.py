@@ -16,9 +16,14 @@ from .symbolics import standard_onnx, translation_table
 
 __version__ = "0.1.0"
 
+#: True when this build has CUDA kernels: torch ops on CUDA tensors, and the ORT
+#: library's CUDAExecutionProvider kernels (built with OPFORGE_CUDA=auto|1).
+BUILT_WITH_CUDA = bool(getattr(ops._registry._C, "WITH_CUDA", 0))
+
 symbolics.register_all()
 
 __all__ = [
+    "BUILT_WITH_CUDA",
     "Diagnosis",
     "ExportError",
     "diagnose",

@@ -95,6 +95,11 @@ def cmd_info(args) -> int:
     print(f"onnxruntime    {onnxruntime.__version__}")
     print(f"torch ext      {opforge._C.__file__}")
     print(f"ORT library    {opforge.ort_library_path()}")
+    if opforge.BUILT_WITH_CUDA:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU visible"
+        print(f"CUDA kernels   built (torch CUDA + ORT CUDAExecutionProvider); {gpu}")
+    else:
+        print("CUDA kernels   not built (rebuild with CUDA_HOME set and OPFORGE_CUDA=1)")
     print(f"ATen library   {opforge.aten_library_path()}  (org.pytorch.aten::ATen, links libtorch)")
     for spec in REGISTRY.values():
         opsets = spec.torchscript_opsets

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+import torch
 
 import opforge
 
@@ -38,6 +39,36 @@ def test_ort_library_links_neither_onnxruntime_nor_torch():
     assert needed, "readelf found no NEEDED entries at all"
     forbidden = [n for n in needed if any(k in n for k in ("onnxruntime", "torch", "c10", "python"))]
     assert forbidden == [], needed
+
+
+def test_cuda_build_as_requested_and_linked_as_designed():
+    """OPFORGE_CUDA=1 (what CI sets where nvcc exists) must give CUDA kernels, so a CUDA
+    build break cannot land; with them, the torch extension links torch's CUDA libraries
+    and the ORT library the CUDA runtime and cuBLAS (still no torch, no onnxruntime)."""
+    if os.environ.get("OPFORGE_CUDA") == "1":
+        assert opforge.BUILT_WITH_CUDA
+    ext_needed = _needed(opforge._C.__file__)
+    ort_needed = _needed(opforge.ort_library_path())
+    if opforge.BUILT_WITH_CUDA:
+        assert any("c10_cuda" in n for n in ext_needed), ext_needed
+        assert any(n.startswith("libcudart.so") for n in ort_needed), ort_needed
+        assert any(n.startswith("libcublas.so") for n in ort_needed), ort_needed
+        for op in ("my_add", "deform_conv2d", "_deform_conv2d_backward"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA"), op
+    else:
+        assert not any("cuda" in n or "cublas" in n for n in ext_needed + ort_needed), (ext_needed, ort_needed)
+
+
+def test_ort_library_with_cuda_kernels_serves_cpu_sessions():
+    """The CUDA EP kernels sit in the same domain as the CPU ones; a CPU-only runtime
+    (this onnxruntime wheel) must still load the library and run the CPU kernels."""
+    from onnx import TensorProto
+
+    from helpers import single_node_model
+
+    sess = opforge.ort_session(single_node_model("my_add", [TensorProto.FLOAT, TensorProto.FLOAT]))
+    out = sess.run(None, {"I0": np.ones((2, 3), np.float32), "I1": np.arange(3, dtype=np.float32)})[0]
+    np.testing.assert_array_equal(out, np.array([[2, 3, 4], [2, 3, 4]], np.float32))
 
 
 def test_ort_library_works_without_torch_in_the_process():
@@ -124,12 +155,19 @@ def _clean_copy(tmp_path: Path) -> Path:
     return dest
 
 
+# setup.py develop builds like the main build (CUDA where CI has nvcc); the pip build is
+# forced CPU-only, which must keep working (OPFORGE_CUDA=0: no nvcc, no CUDA libraries).
+BUILD_COMMANDS = [("setup.py develop", None), ("pip install --no-build-isolation -e .", "0")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["setup.py develop", "pip install --no-build-isolation -e ."])
-def test_documented_build_commands_build_everything(tmp_path, command):
+@pytest.mark.parametrize("command,cuda", BUILD_COMMANDS, ids=[c for c, _ in BUILD_COMMANDS])
+def test_documented_build_commands_build_everything(tmp_path, command, cuda):
     src, venv = _clean_copy(tmp_path), _scratch_venv(tmp_path)
     python = str(venv / "bin" / "python")
     env = dict(os.environ, OPFORGE_ORT_INCLUDE_DIR=str(Path(opforge.__file__).parents[1] / "deps/onnxruntime/include/onnxruntime"))
+    if cuda is not None:
+        env["OPFORGE_CUDA"] = cuda
     args = ["setup.py", "develop"] if command.startswith("setup.py") else ["-m", "pip", "install", "--no-build-isolation", "-e", "."]
     build = subprocess.run([python, *args], cwd=src, env=env, capture_output=True, text=True)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
@@ -137,10 +175,12 @@ def test_documented_build_commands_build_everything(tmp_path, command):
     assert list((src / "opforge").glob("_C*.so"))
     check = subprocess.run(
         [python, "-c", "import opforge, torch, numpy as np; from onnx import TensorProto;"
-         "print(opforge.__file__, opforge.ort_library_path(), opforge.my_add(torch.ones(2), torch.ones(2)).tolist())"],
+         "print(opforge.__file__, opforge.ort_library_path(), opforge.BUILT_WITH_CUDA, "
+         "opforge.my_add(torch.ones(2), torch.ones(2)).tolist())"],
         cwd=tmp_path, capture_output=True, text=True,
     )
     assert check.returncode == 0, check.stderr[-3000:]
-    module_file, lib_path, value = check.stdout.split(" ", 2)
+    module_file, lib_path, with_cuda, value = check.stdout.split(" ", 3)
     assert module_file.startswith(str(src)) and lib_path.startswith(str(src))
+    assert with_cuda == str(opforge.BUILT_WITH_CUDA if cuda is None else cuda == "1")
     assert value.strip() == "[3.0, 3.0]"

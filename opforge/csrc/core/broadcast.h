@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "host_device.h"
+
 namespace opforge {
 namespace core {
 
@@ -82,6 +84,20 @@ inline BinaryPlan make_binary_plan(int n, const int64_t* out_shape, const int64_
     p.stride_b[k] = b[m - 1 - k];
   }
   return p;
+}
+
+// Operand offsets of output element `linear`: the per-thread index math of
+// the CUDA kernel's broadcasting path (host+device).
+OPFORGE_HD_INLINE void plan_offsets(const BinaryPlan& p, int64_t linear, int64_t* offset_a, int64_t* offset_b) {
+  int64_t oa = 0, ob = 0;
+  for (int k = p.ndim - 1; k >= 0; --k) {
+    const int64_t i = linear % p.size[k];
+    linear /= p.size[k];
+    oa += i * p.stride_a[k];
+    ob += i * p.stride_b[k];
+  }
+  *offset_a = oa;
+  *offset_b = ob;
 }
 
 // Calls fn(offset_a, offset_b, offset_out, count, inner_stride_a, inner_stride_b)

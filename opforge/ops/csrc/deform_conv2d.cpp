@@ -15,46 +15,17 @@
 #include <vector>
 
 #include "core/deform_conv2d.h"
+#include "deform_conv2d_args.h"
 
 namespace opforge {
-namespace {
 
 using core::DeformConv2dParams;
-
-DeformConv2dParams check_args(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                              const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-                              int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
-                              int64_t offset_groups, bool use_mask) {
-  const at::ScalarType t = input.scalar_type();
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
-                   "opforge::deform_conv2d: input has dtype ", t,
-                   "; supported dtypes are float32, float64, float16 and bfloat16");
-  const std::pair<const char*, const at::Tensor*> others[] = {
-      {"weight", &weight}, {"offset", &offset}, {"mask", &mask}, {"bias", &bias}};
-  for (const auto& [name, tensor] : others) {
-    if (std::string(name) == "mask" && !use_mask) continue;
-    TORCH_CHECK_TYPE(tensor->scalar_type() == t, "opforge::deform_conv2d: ", name, " has dtype ",
-                     tensor->scalar_type(), " but input has dtype ", t, "; all must match");
-  }
-  DeformConv2dParams p;
-  const std::string err = core::deform_conv2d_check(
-      input.sizes().data(), static_cast<int>(input.dim()), weight.sizes().data(), static_cast<int>(weight.dim()),
-      offset.sizes().data(), static_cast<int>(offset.dim()), use_mask ? mask.sizes().data() : nullptr,
-      static_cast<int>(mask.dim()), bias.sizes().data(), static_cast<int>(bias.dim()), stride_h, stride_w, pad_h,
-      pad_w, dil_h, dil_w, groups, offset_groups, use_mask, p);
-  TORCH_CHECK_VALUE(err.empty(), err);
-  return p;
-}
-
-bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
-
-}  // namespace
 
 at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
                              const at::Tensor& mask_, const at::Tensor& bias_, int64_t stride_h, int64_t stride_w,
                              int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
                              int64_t offset_groups, bool use_mask) {
-  const DeformConv2dParams p = check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
+  const DeformConv2dParams p = deform_conv2d_check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
                                           dil_h, dil_w, groups, offset_groups, use_mask);
   if (is_16bit(input_.scalar_type())) {
     // 16-bit floats: sample and accumulate in float32 (CPUs have no fast 16-bit
@@ -101,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& weight_, const at::Tensor& offset_,
     const at::Tensor& mask_, const at::Tensor& bias_, int64_t stride_h, int64_t stride_w, int64_t pad_h,
     int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups, bool use_mask) {
-  const DeformConv2dParams p = check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
+  const DeformConv2dParams p = deform_conv2d_check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
                                           dil_h, dil_w, groups, offset_groups, use_mask);
   TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == p.batch && grad_.size(1) == p.out_channels &&
                         grad_.size(2) == p.out_h && grad_.size(3) == p.out_w,

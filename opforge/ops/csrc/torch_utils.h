@@ -7,7 +7,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/broadcast.h"
@@ -55,6 +57,24 @@ inline std::vector<int64_t> broadcast_strides(const at::Tensor& t, at::IntArrayR
     strides[i] = (t.size(j) == 1 && out_shape[i] != 1) ? 0 : t.stride(j);
   }
   return strides;
+}
+
+// All tensors on the first one's device, else a ValueError naming both (the
+// dispatcher picks the CUDA kernel if ANY argument is on CUDA). Undefined
+// tensors are skipped.
+inline void check_same_device(const char* op,
+                              std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  const std::pair<const char*, const at::Tensor*>* first = nullptr;
+  for (const auto& named : tensors) {
+    if (!named.second->defined()) continue;
+    if (first == nullptr) {
+      first = &named;
+      continue;
+    }
+    TORCH_CHECK_VALUE(named.second->device() == first->second->device(), op, ": ", named.first, " is on ",
+                      named.second->device(), " but ", first->first, " is on ", first->second->device(),
+                      "; all tensors must be on one device");
+  }
 }
 
 inline std::string shape_str(at::IntArrayRef s) { return core::dims_str(s.data(), s.size()); }

@@ -14,6 +14,11 @@
 // the argument, never a crash.
 //
 // Unlike libopforge_ort (which must not), this library links libtorch.
+//
+// CUDA builds (OPFORGE_WITH_CUDA) register the kernel for the CUDA execution
+// provider too: inputs are wrapped as CUDA tensors where ORT placed them, and
+// the op runs on ORT's compute stream (made torch's current stream for the
+// call), so it is ordered with the neighbouring ORT CUDA kernels.
 #ifndef ORT_API_MANUAL_INIT  // also set by setup.py
 #define ORT_API_MANUAL_INIT
 #endif
@@ -26,6 +31,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/InferenceMode.h>
+#ifdef OPFORGE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cstring>
 #include <memory>
@@ -79,13 +89,24 @@ std::optional<ONNXTensorElementDataType> to_onnx_type(at::ScalarType t) {
   }
 }
 
+constexpr const char* kCpuEp = "CPUExecutionProvider";
+constexpr const char* kCudaEp = "CUDAExecutionProvider";
+
+// The torch device of ORT memory (CPU, or the GPU it lives on).
+at::Device device_of(const Ort::ConstMemoryInfo& mem) {
+  if (mem.GetDeviceType() == OrtMemoryInfoDeviceType_GPU)
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(mem.GetDeviceId()));
+  return at::Device(at::kCPU);
+}
+
 struct AtenKernel {
   std::string name;  // "aten::cummax" or "aten::frexp.Tensor", for messages
   c10::OperatorHandle op;
   std::vector<bool> is_none;  // per node input: fed the None marker
+  bool on_cuda;               // kernel of the CUDA execution provider
 
-  AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none)
-      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)) {}
+  AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none, bool cuda)
+      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda) {}
 
   std::string where(const c10::Argument& arg, size_t i) const {
     return "ATen op " + name + ", argument " + std::to_string(i) + " '" + arg.name() + "' (" + arg.type()->str() + ")";
@@ -99,7 +120,7 @@ struct AtenKernel {
     if (!type) return error(where + ": unsupported ONNX element type " + std::to_string(info.GetElementType()));
     std::vector<int64_t> shape = info.GetShape();
     void* data = const_cast<void*>(v.GetTensorRawData());
-    out = at::from_blob(data, shape, at::TensorOptions().dtype(*type));
+    out = at::from_blob(data, shape, at::TensorOptions().dtype(*type).device(device_of(v.GetTensorMemoryInfo())));
     return Ort::Status(nullptr);
   }
 
@@ -197,6 +218,13 @@ struct AtenKernel {
       return error("ATen op " + name + ": node has " + std::to_string(n_in) + " inputs but its schema takes " +
                    std::to_string(args.size()) + " arguments");
     c10::InferenceMode guard;
+#ifdef OPFORGE_WITH_CUDA
+    // ORT's stream becomes torch's current stream (and device) for this call.
+    std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+    if (on_cuda)
+      stream_guard.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.GetGPUComputeStream()),
+                                                            c10::cuda::current_device()));
+#endif
     torch::jit::Stack stack;
     stack.reserve(args.size());
     for (size_t i = 0; i < args.size(); ++i) {
@@ -247,13 +275,26 @@ struct AtenKernel {
         return error("ATen op " + name + ": return " + std::to_string(i) + " has dtype " +
                      std::string(c10::toString(t.scalar_type())) + " but the model declares ONNX type " +
                      std::to_string(out_type));
-      if (t.numel() > 0) std::memcpy(out.GetTensorMutableRawData(), t.const_data_ptr(), t.nbytes());
+      if (t.numel() == 0) continue;
+      const at::Device out_device = device_of(out.GetTensorMemoryInfo());
+      if (out_device.is_cpu() && t.device().is_cpu()) {
+        std::memcpy(out.GetTensorMutableRawData(), t.const_data_ptr(), t.nbytes());
+      } else {  // device copy, on the current (= ORT's) stream
+        try {
+          at::from_blob(out.GetTensorMutableRawData(), shape, t.options().device(out_device)).copy_(t);
+        } catch (const std::exception& e) {
+          return error("ATen op " + name + ": copying return " + std::to_string(i) + " failed: " + e.what(), ORT_FAIL);
+        }
+      }
     }
     return Ort::Status(nullptr);
   }
 };
 
 struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
+  const char* ep;  // kCpuEp or kCudaEp
+  explicit AtenOp(const char* provider) : ep(provider) {}
+
   // CustomOpBase hands these results to ORT as raw OrtStatus*: return released
   // pointers (returning an Ort::Status would free the status before ORT reads it).
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
@@ -275,14 +316,14 @@ struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
       if (!handle) return error("ATen op " + display + ": no such operator (or overload) in this libtorch");
       std::vector<bool> none(ki.GetInputCount());
       for (size_t i = 0; i < none.size(); ++i) none[i] = ki.GetInputName(i) == kNoneInput;
-      *kernel = new AtenKernel(*handle, display, std::move(none));
+      *kernel = new AtenKernel(*handle, display, std::move(none), ep == kCudaEp);
       return Ort::Status(nullptr);
     } catch (const std::exception& e) {
       return error(std::string("org.pytorch.aten::ATen: ") + e.what());
     }
   }
   const char* GetName() const { return "ATen"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  const char* GetExecutionProviderType() const { return ep; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
@@ -301,10 +342,16 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   OrtStatus* error = nullptr;
   if (!opforge::ort::init_api(api_base, "libopforge_aten", &error)) return error;
-  static AtenOp aten_op;  // outlives every session
+  static AtenOp cpu_op(kCpuEp);  // outlive every session
+#ifdef OPFORGE_WITH_CUDA
+  static AtenOp cuda_op(kCudaEp);
+#endif
   try {
     Ort::CustomOpDomain domain{kAtenDomain};
-    domain.Add(&aten_op);
+    domain.Add(&cpu_op);
+#ifdef OPFORGE_WITH_CUDA
+    domain.Add(&cuda_op);
+#endif
     Ort::UnownedSessionOptions(options).Add(domain);
     opforge::ort::keep_domain_alive(std::move(domain));
   } catch (const std::exception& e) {

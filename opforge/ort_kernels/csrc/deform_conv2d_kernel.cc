@@ -12,34 +12,37 @@
 namespace opforge {
 namespace ort {
 
-template <typename T>
-struct DeformConv2dKernel {
-  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups;
-  bool use_mask;
+DeformConv2dAttrs::DeformConv2dAttrs(const OrtKernelInfo* info) {
+  Ort::ConstKernelInfo ki(info);
+  stride_h = ki.GetAttribute<int64_t>("stride_h");
+  stride_w = ki.GetAttribute<int64_t>("stride_w");
+  pad_h = ki.GetAttribute<int64_t>("pad_h");
+  pad_w = ki.GetAttribute<int64_t>("pad_w");
+  dil_h = ki.GetAttribute<int64_t>("dilation_h");
+  dil_w = ki.GetAttribute<int64_t>("dilation_w");
+  groups = ki.GetAttribute<int64_t>("groups");
+  offset_groups = ki.GetAttribute<int64_t>("offset_groups");
+  use_mask = ki.GetAttribute<int64_t>("use_mask") != 0;
+}
 
-  DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) {
-    Ort::ConstKernelInfo ki(info);
-    stride_h = ki.GetAttribute<int64_t>("stride_h");
-    stride_w = ki.GetAttribute<int64_t>("stride_w");
-    pad_h = ki.GetAttribute<int64_t>("pad_h");
-    pad_w = ki.GetAttribute<int64_t>("pad_w");
-    dil_h = ki.GetAttribute<int64_t>("dilation_h");
-    dil_w = ki.GetAttribute<int64_t>("dilation_w");
-    groups = ki.GetAttribute<int64_t>("groups");
-    offset_groups = ki.GetAttribute<int64_t>("offset_groups");
-    use_mask = ki.GetAttribute<int64_t>("use_mask") != 0;
-  }
+std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
+                                     const std::vector<int64_t>& os, const std::vector<int64_t>& ms,
+                                     const std::vector<int64_t>& bs, core::DeformConv2dParams& p) const {
+  return core::deform_conv2d_check(xs.data(), static_cast<int>(xs.size()), ws.data(), static_cast<int>(ws.size()),
+                                   os.data(), static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()),
+                                   bs.data(), static_cast<int>(bs.size()), stride_h, stride_w, pad_h, pad_w, dil_h,
+                                   dil_w, groups, offset_groups, use_mask, p);
+}
+
+template <typename T>
+struct DeformConv2dKernel : DeformConv2dAttrs {
+  DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) : DeformConv2dAttrs(info) {}
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& weight,
                       const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& output) {
-    const auto &xs = input.Shape(), &ws = weight.Shape(), &os = offset.Shape(), &ms = mask.Shape(),
-               &bs = bias.Shape();
     core::DeformConv2dParams p;
-    const std::string err = core::deform_conv2d_check(
-        xs.data(), static_cast<int>(xs.size()), ws.data(), static_cast<int>(ws.size()), os.data(),
-        static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()), bs.data(), static_cast<int>(bs.size()),
-        stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask, p);
+    const std::string err = check(input.Shape(), weight.Shape(), offset.Shape(), mask.Shape(), bias.Shape(), p);
     if (!err.empty()) return invalid_argument(err);
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
     if (p.batch == 0) return Ort::Status(nullptr);

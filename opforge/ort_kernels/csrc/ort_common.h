@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/broadcast.h"
+#include "core/deform_conv2d_tap.h"
 #include "core/format.h"
 #include "core/half.h"
 
@@ -23,6 +25,7 @@ namespace ort {
 // The custom ONNX domain of every opforge op; must match opforge/spec.py.
 inline constexpr const char* kDomain = "opforge";
 inline constexpr const char* kCpuEp = "CPUExecutionProvider";
+inline constexpr const char* kCudaEp = "CUDAExecutionProvider";
 
 using LiteOpPtr = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
 
@@ -79,9 +82,28 @@ void parallel_for(OrtKernelContext* ctx, int64_t total, int64_t grain, const Bod
       static_cast<size_t>(tasks), 0, &job);
 }
 
+// my_add's shape checks and broadcasting plan (CPU and CUDA kernels).
+Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,
+                        std::vector<int64_t>& out_shape, core::BinaryPlan& plan);
+
+// deform_conv2d's node attributes (the torch schema's int arguments) and
+// their check against the input shapes (core::deform_conv2d_check).
+struct DeformConv2dAttrs {
+  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups;
+  bool use_mask;
+  explicit DeformConv2dAttrs(const OrtKernelInfo* info);
+  std::string check(const std::vector<int64_t>& input, const std::vector<int64_t>& weight,
+                    const std::vector<int64_t>& offset, const std::vector<int64_t>& mask,
+                    const std::vector<int64_t>& bias, core::DeformConv2dParams& p) const;
+};
+
 // Each op file defines one of these, returning its kernels (one per dtype).
 void append_my_add_ops(std::vector<LiteOpPtr>& ops);
 void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops);
+#ifdef OPFORGE_WITH_CUDA
+void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops);
+void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops);
+#endif
 
 }  // namespace ort
 }  // namespace opforge

@@ -16,6 +16,12 @@ const std::vector<LiteOpPtr>& all_ops() {
     std::vector<LiteOpPtr> v;
     opforge::ort::append_my_add_ops(v);  // one line per op
     opforge::ort::append_deform_conv2d_ops(v);
+#ifdef OPFORGE_WITH_CUDA
+    // Same names and domain, CUDA execution provider: ORT places each node on
+    // the EP it assigned and picks the matching kernel.
+    opforge::ort::append_my_add_cuda_ops(v);
+    opforge::ort::append_deform_conv2d_cuda_ops(v);
+#endif
     return v;
   }();
   return ops;

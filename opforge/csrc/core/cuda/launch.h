@@ -1,0 +1,44 @@
+// The CUDA cores' entry points as plain functions over untyped device
+// pointers, so the front ends (torch extension .cpp, ORT kernels .cc) are
+// compiled by the host compiler alone and only kernels.cuh goes through nvcc.
+// Every function launches on the given stream — the caller's (torch's current
+// stream / ORT's compute stream), never the default one — and returns the
+// launch status; it does not synchronise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../broadcast.h"
+#include "../deform_conv2d_tap.h"
+
+namespace opforge {
+namespace core {
+namespace cuda {
+
+enum class Dtype : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+// out = 2 * a + b over a broadcasting plan (core/broadcast.h); out contiguous.
+cudaError_t my_add(Dtype dtype, const BinaryPlan& plan, const void* a, const void* b, void* out,
+                   cudaStream_t stream);
+
+// Columns [images, C*kh*kw, out_h*out_w] of images [first_image, first_image + images).
+// input/offset/mask are the whole batch (NCHW contiguous); mask may be null when !p.use_mask.
+cudaError_t deform_im2col(Dtype dtype, const DeformConv2dParams& p, const void* input, const void* offset,
+                          const void* mask, int64_t first_image, int64_t images, void* col, cudaStream_t stream);
+
+// From grad_col (columns layout as above): accumulates grad_input (whole batch,
+// float32 for 16-bit dtypes, else dtype; must start zeroed) and writes
+// grad_offset / grad_mask (whole batch, dtype) of the chunk's images.
+cudaError_t deform_backward(Dtype dtype, const DeformConv2dParams& p, const void* input, const void* offset,
+                            const void* mask, int64_t first_image, int64_t images, const void* grad_col,
+                            void* grad_input, void* grad_offset, void* grad_mask, cudaStream_t stream);
+
+// out[b, o, :] = bias[o] for a [batch, out_channels, pixels] tensor.
+cudaError_t fill_bias(Dtype dtype, int64_t batch, int64_t out_channels, int64_t pixels, const void* bias, void* out,
+                      cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace core
+}  // namespace opforge

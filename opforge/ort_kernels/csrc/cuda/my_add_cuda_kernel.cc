@@ -1,0 +1,29 @@
+// ORT CUDA-EP kernel of opforge::my_add: the CPU kernel's checks and
+// broadcasting plan (my_add_plan), then the shared CUDA core on ORT's compute
+// stream — the same kernels torch's CUDA path launches.
+#include "ort_cuda.h"
+
+namespace opforge {
+namespace ort {
+
+template <typename T>
+Ort::Status my_add_cuda_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a,
+                                const Ort::Custom::Tensor<T>& b, Ort::Custom::Tensor<T>& out) {
+  core::BinaryPlan plan;
+  std::vector<int64_t> out_shape;
+  if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;
+  T* po = out.Allocate(out_shape);
+  if (plan.numel == 0) return Ort::Status(nullptr);
+  return cuda_status(core::cuda::my_add(gpu_dtype<T>(), plan, a.Data(), b.Data(), po, compute_stream(ctx)),
+                     "opforge::my_add", "CUDA kernel launch");
+}
+
+void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<float>));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<double>));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<Ort::Float16_t>));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<Ort::BFloat16_t>));
+}
+
+}  // namespace ort
+}  // namespace opforge

@@ -1,0 +1,143 @@
+// Host emulation of opforge's CUDA kernels, for tests/test_gpu_cores_emulated.py.
+//
+// The CUDA kernels are grid-stride loops over work-item bodies that live in
+// host+device headers (core/deform_conv2d_gpu.h, core/my_add_gpu.h). Compiled
+// here by g++, the same bodies run item by item (atomics become plain adds),
+// with the same chunking and the same GEMM geometry (core::deform_forward_gemm,
+// what the ORT CUDA kernel hands cuBLAS) evaluated by a naive column-major
+// GEMM, so the GPU code's indexing and arithmetic are tested against
+// torchvision on machines without a GPU. Not part of the package.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/deform_conv2d.h"
+#include "core/deform_conv2d_gpu.h"
+#include "core/my_add_gpu.h"
+
+using namespace opforge::core;
+
+namespace {
+
+// a: [N, C, H, W, O, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask]
+bool make_params(const int64_t* a, DeformConv2dParams& p) {
+  const int64_t input[4] = {a[0], a[1], a[2], a[3]};
+  const int64_t weight[4] = {a[4], a[1] / a[13], a[5], a[6]};
+  const int64_t oh = (a[2] + 2 * a[9] - (a[11] * (a[5] - 1) + 1)) / a[7] + 1;
+  const int64_t ow = (a[3] + 2 * a[10] - (a[12] * (a[6] - 1) + 1)) / a[8] + 1;
+  const int64_t offset[4] = {a[0], 2 * a[14] * a[5] * a[6], oh, ow};
+  const int64_t mask[4] = {a[0], a[14] * a[5] * a[6], oh, ow};
+  const int64_t bias[1] = {a[4]};
+  return deform_conv2d_check(input, 4, weight, 4, offset, 4, mask, 4, bias, 1, a[7], a[8], a[9], a[10], a[11], a[12],
+                             a[13], a[14], a[15] != 0, p)
+      .empty();
+}
+
+// Column-major C[m, n] += A[m, k] @ B[k, n], batched with strides: what
+// cublasGemmStridedBatchedEx(N, N, ..., beta = 1) computes.
+template <typename T>
+void colmajor_gemm(const StridedGemm& g, const T* A, const T* B, T* C) {
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const T* a = A + g.a_offset + b * g.stride_a;
+    const T* bb = B + g.b_offset + b * g.stride_b;
+    T* c = C + g.c_offset + b * g.stride_c;
+    for (int64_t j = 0; j < g.n; ++j)
+      for (int64_t i = 0; i < g.m; ++i) {
+        T acc = 0;
+        for (int64_t l = 0; l < g.k; ++l) acc += a[i + l * g.lda] * bb[l + j * g.ldb];
+        c[i + j * g.ldc] += acc;
+      }
+  }
+}
+
+template <typename T>
+int forward(const int64_t* a, int64_t chunk, const T* input, const T* weight, const T* offset, const T* mask,
+            const T* bias, T* out) {
+  DeformConv2dParams p;
+  if (!make_params(a, p)) return 1;
+  const int64_t P = p.out_pixels(), total = p.batch * p.out_channels * P;
+  for (int64_t i = 0; i < total; ++i) fill_bias_item(i, p.out_channels, P, bias, out);
+  std::vector<T> col(chunk * p.in_channels * p.taps() * P);
+  for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
+    const int64_t images = std::min(chunk, p.batch - b0);
+    for (int64_t i = 0; i < deform_gpu_items(p, images); ++i)
+      deform_im2col_item<T, T>(p, i, input, offset, p.use_mask ? mask : nullptr, b0, col.data());
+    for (int64_t g = 0; g < p.weight_groups; ++g) colmajor_gemm(deform_forward_gemm(p, g, b0, images), col.data(), weight, out);
+  }
+  return 0;
+}
+
+// The torch CUDA backward's algebra (dcol = W^T dY, dW += dY col^T per image and
+// group) with naive loops, then the fused backward items.
+template <typename T>
+int backward(const int64_t* a, int64_t chunk, const T* grad, const T* input, const T* weight, const T* offset,
+             const T* mask, T* grad_input, T* grad_weight, T* grad_offset, T* grad_mask) {
+  DeformConv2dParams p;
+  if (!make_params(a, p)) return 1;
+  const int64_t P = p.out_pixels(), G = p.weight_groups, Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
+  const int64_t per_image = p.in_channels * p.taps() * P;
+  std::fill(grad_input, grad_input + p.batch * p.in_channels * p.in_pixels(), T(0));
+  std::fill(grad_weight, grad_weight + p.out_channels * Kg, T(0));
+  std::vector<T> col(chunk * per_image), gcol(chunk * per_image);
+  for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
+    const int64_t images = std::min(chunk, p.batch - b0);
+    for (int64_t i = 0; i < deform_gpu_items(p, images); ++i)
+      deform_im2col_item<T, T>(p, i, input, offset, p.use_mask ? mask : nullptr, b0, col.data());
+    for (int64_t bl = 0; bl < images; ++bl)
+      for (int64_t g = 0; g < G; ++g) {
+        const T* go = grad + ((b0 + bl) * p.out_channels + g * Og) * P;
+        const T* w = weight + g * Og * Kg;
+        const T* c = col.data() + (bl * G + g) * Kg * P;
+        T* gc = gcol.data() + (bl * G + g) * Kg * P;
+        for (int64_t r = 0; r < Kg; ++r)
+          for (int64_t q = 0; q < P; ++q) {
+            T acc = 0;
+            for (int64_t o = 0; o < Og; ++o) acc += w[o * Kg + r] * go[o * P + q];
+            gc[r * P + q] = acc;
+          }
+        for (int64_t o = 0; o < Og; ++o)
+          for (int64_t r = 0; r < Kg; ++r) {
+            T acc = 0;
+            for (int64_t q = 0; q < P; ++q) acc += go[o * P + q] * c[r * P + q];
+            grad_weight[(g * Og + o) * Kg + r] += acc;
+          }
+      }
+    for (int64_t i = 0; i < deform_gpu_items(p, images); ++i)
+      deform_backward_item<T, T>(p, i, input, offset, p.use_mask ? mask : nullptr, b0, gcol.data(), grad_input,
+                                 grad_offset, p.use_mask ? grad_mask : nullptr);
+  }
+  return 0;
+}
+
+template <typename T>
+int my_add(int n, const int64_t* out_shape, const int64_t* strides_a, const int64_t* strides_b, const T* x,
+           const T* y, T* out) {
+  const BinaryPlan plan = make_binary_plan(n, out_shape, strides_a, strides_b);
+  for (int64_t i = 0; i < plan.numel; ++i) my_add_item<T, T>(plan, i, x, y, out);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+int emu_deform_forward_f32(const int64_t* a, int64_t chunk, const float* x, const float* w, const float* o,
+                           const float* m, const float* b, float* out) {
+  return forward(a, chunk, x, w, o, m, b, out);
+}
+int emu_deform_forward_f64(const int64_t* a, int64_t chunk, const double* x, const double* w, const double* o,
+                           const double* m, const double* b, double* out) {
+  return forward(a, chunk, x, w, o, m, b, out);
+}
+int emu_deform_backward_f64(const int64_t* a, int64_t chunk, const double* g, const double* x, const double* w,
+                            const double* o, const double* m, double* gx, double* gw, double* go, double* gm) {
+  return backward(a, chunk, g, x, w, o, m, gx, gw, go, gm);
+}
+int emu_my_add_f32(int n, const int64_t* shape, const int64_t* sa, const int64_t* sb, const float* x, const float* y,
+                   float* out) {
+  return my_add(n, shape, sa, sb, x, y, out);
+}
+int emu_my_add_f64(int n, const int64_t* shape, const int64_t* sa, const int64_t* sb, const double* x,
+                   const double* y, double* out) {
+  return my_add(n, shape, sa, sb, x, y, out);
+}
+}
