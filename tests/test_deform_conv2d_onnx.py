@@ -171,6 +171,32 @@ def test_ort_kernel_float64():
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ort_kernel_16bit_types_match_torch_bit_for_bit(dtype):
+    """float16 / bfloat16: both kernels compute in float32 with the same core and round once."""
+    cfg = KERNEL_CASES["dcnv2-3x3"]
+    x, w, off, mask, b = deform_inputs(**cfg, dtype=torch.float32)
+    x, w, off, mask, b = (t.to(dtype) for t in (x, w, off, mask, b))
+    elem = TensorProto.FLOAT16 if dtype == torch.float16 else TensorProto.BFLOAT16
+    sess = opforge.ort_session(custom_model(elem, cfg["stride"], cfg["pad"], cfg["dil"], 2, 2, True))
+    # numpy has no bfloat16: feed / read raw 16-bit patterns through OrtValue
+    def ort_value(t):
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.view(torch.int16).numpy(), elem)
+    io = sess.io_binding()
+    for name, t in zip(["input", "weight", "offset", "mask", "bias"], (x, w, off, mask, b)):
+        io.bind_ortvalue_input(name, ort_value(t))
+    expected = opforge.deform_conv2d(x, off, w, b, stride=cfg["stride"], padding=cfg["pad"], dilation=cfg["dil"],
+                                     mask=mask)
+    out_bits = np.full(tuple(expected.shape), -1, dtype=np.int16)  # ORT writes into this buffer
+    io.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out_bits, elem))
+    sess.run_with_iobinding(io)
+    got = torch.from_numpy(out_bits).view(dtype)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    reference = torchvision.ops.deform_conv2d(*(t.double() for t in (x, off, w, b)), stride=cfg["stride"],
+                                              padding=cfg["pad"], dilation=cfg["dil"], mask=mask.double())
+    torch.testing.assert_close(got.double(), reference, rtol=2e-2, atol=5e-2)
+
+
 def test_ort_bad_inputs_give_error_status_and_session_survives():
     cfg = KERNEL_CASES["dcnv2-3x3"]
     x, w, off, mask, b = deform_inputs(**cfg, dtype=torch.float32)

@@ -130,3 +130,48 @@ def test_my_add_items_match_torch(emu, shape_a, shape_b, transpose_a, dtype):
     assert fn(len(out_shape), _ptr(arr(out_shape)), _ptr(arr(sa)), _ptr(arr(sb)), _ptr(storage_a), _ptr(storage_b),
               _ptr(out)) == 0
     np.testing.assert_array_equal(out, want.numpy())
+
+
+# ---- the torch CUDA path's algebra (deform_conv2d_batched.h) with host-run work items ----
+
+@pytest.fixture(scope="module")
+def batched(tmp_path_factory):
+    from torch.utils import cpp_extension
+
+    build = tmp_path_factory.mktemp("batched")
+    cpp_extension.load(
+        name="opforge_gpu_emulation", sources=[str(ROOT / "tests" / "csrc" / "batched_host.cpp")],
+        extra_include_paths=[str(ROOT / "opforge" / "csrc"), str(ROOT / "opforge" / "ops" / "csrc")],
+        extra_cflags=["-O1", "-g0"], build_directory=str(build), is_python_module=False, verbose=False,
+    )
+    return torch.ops.opforge_gpu_emulation
+
+
+def _budget(x, w, chunk_images, use_kk_p):
+    """Column budget (bytes) that makes chunks of `chunk_images` images."""
+    return chunk_images * x.shape[1] * use_kk_p * x.element_size()
+
+
+@pytest.mark.parametrize("kwargs,use_mask,chunk", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_torch_cuda_algorithm_matches_torchvision(batched, kwargs, use_mask, chunk, dtype):
+    x, w, off, mask, b = deform_inputs(dtype=dtype, **kwargs)
+    stride, pad, dil = kwargs.get("stride", (1, 2)), kwargs.get("pad", (1, 0)), kwargs.get("dil", (1, 2))
+    groups, og = kwargs.get("groups", 2), kwargs.get("offset_groups", 3)
+    leaves = [t.clone().requires_grad_() for t in (x, w, off, mask, b)]
+    ref = torchvision.ops.deform_conv2d(leaves[0], leaves[2], leaves[1], leaves[4], stride, pad, dil,
+                                        leaves[3] if use_mask else None)
+    grad = torch.randn(ref.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    ref.backward(grad)
+    budget = _budget(x, w, chunk, w.shape[2] * w.shape[3] * ref.shape[2] * ref.shape[3])
+    args = (*stride, *pad, *dil, groups, og, use_mask, budget)
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(batched.forward(x, w, off, mask, b, *args), ref.detach(), **tol)
+    gx, gw, goff, gm, gb = batched.backward(grad, x, w, off, mask, b, *args)
+    for name, got, leaf in (("input", gx, leaves[0]), ("weight", gw, leaves[1]), ("offset", goff, leaves[2]),
+                            ("bias", gb, leaves[4])):
+        torch.testing.assert_close(got, leaf.grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
+    if use_mask:
+        torch.testing.assert_close(gm, leaves[3].grad, **tol)
+    else:
+        assert not gm.any()

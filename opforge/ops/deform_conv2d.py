@@ -203,7 +203,6 @@ DEFORM_CONV2D = _spec.add(
         standard_dynamo=_standard_dynamo,
         standard_from_opset=19,
         torch_aliases=("torchvision::deform_conv2d",),
-        onnx_types=("tensor(float)", "tensor(double)"),
     )
 )
 

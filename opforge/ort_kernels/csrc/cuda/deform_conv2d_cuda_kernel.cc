@@ -4,8 +4,8 @@
 //   out = bias (fill kernel), then per chunk of images: im2col into stream-
 //   ordered scratch, and per weight group one strided-batched GEMM over the
 //   chunk's images accumulating onto out (beta = 1).
-// float32 GEMMs are full fp32 (no TF32), as torch's default; float16 columns
-// and weights multiply with float32 accumulation.
+// float32 GEMMs are full fp32 (no TF32), as torch's default; float16 / bfloat16
+// columns and weights multiply with float32 accumulation.
 #include <algorithm>
 
 #include "core/deform_conv2d_gpu.h"
@@ -36,6 +36,13 @@ template <>
 struct GemmTypes<Ort::Float16_t> {
   using Scale = float;
   static constexpr cudaDataType_t data = CUDA_R_16F;
+  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+};
+
+template <>
+struct GemmTypes<Ort::BFloat16_t> {
+  using Scale = float;
+  static constexpr cudaDataType_t data = CUDA_R_16BF;
   static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
 };
 
@@ -105,6 +112,7 @@ void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
   ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<float>>("deform_conv2d", kCudaEp));
   ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<double>>("deform_conv2d", kCudaEp));
   ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<Ort::Float16_t>>("deform_conv2d", kCudaEp));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<Ort::BFloat16_t>>("deform_conv2d", kCudaEp));
 }
 
 }  // namespace ort
