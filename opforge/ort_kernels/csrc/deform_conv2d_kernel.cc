@@ -101,10 +101,10 @@ struct DeformConv2dKernel : DeformConv2dAttrs {
 };
 
 void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<float>>("deform_conv2d", kCpuEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<double>>("deform_conv2d", kCpuEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<Ort::Float16_t>>("deform_conv2d", kCpuEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<Ort::BFloat16_t>>("deform_conv2d", kCpuEp));
+  for_each_float_type([&](auto tag) {
+    using T = decltype(tag);
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<T>>("deform_conv2d", kCpuEp));
+  });
 }
 
 }  // namespace ort

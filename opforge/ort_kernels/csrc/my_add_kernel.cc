@@ -49,10 +49,9 @@ Ort::Status my_add_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& 
 
 void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
   // One kernel per element type under the same name: ORT picks by input type.
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<float>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<double>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<Ort::Float16_t>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<Ort::BFloat16_t>));
+  for_each_float_type([&](auto tag) {
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<decltype(tag)>));
+  });
 }
 
 }  // namespace ort

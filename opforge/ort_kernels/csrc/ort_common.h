@@ -82,6 +82,16 @@ void parallel_for(OrtKernelContext* ctx, int64_t total, int64_t grain, const Bod
       static_cast<size_t>(tasks), 0, &job);
 }
 
+// Calls fn(T{}) for each element type the kernels support (float, double,
+// float16, bfloat16): registration registers one kernel per type under one name.
+template <typename Fn>
+void for_each_float_type(Fn&& fn) {
+  fn(float{});
+  fn(double{});
+  fn(Ort::Float16_t{});
+  fn(Ort::BFloat16_t{});
+}
+
 // my_add's shape checks and broadcasting plan (CPU and CUDA kernels).
 Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,
                         std::vector<int64_t>& out_shape, core::BinaryPlan& plan);

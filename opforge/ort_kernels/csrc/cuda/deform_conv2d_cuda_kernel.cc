@@ -109,10 +109,10 @@ struct DeformConv2dCudaKernel : DeformConv2dAttrs {
 };
 
 void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<float>>("deform_conv2d", kCudaEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<double>>("deform_conv2d", kCudaEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<Ort::Float16_t>>("deform_conv2d", kCudaEp));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<Ort::BFloat16_t>>("deform_conv2d", kCudaEp));
+  for_each_float_type([&](auto tag) {
+    using T = decltype(tag);
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<T>>("deform_conv2d", kCudaEp));
+  });
 }
 
 }  // namespace ort

@@ -19,10 +19,9 @@ Ort::Status my_add_cuda_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor
 }
 
 void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<float>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<double>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<Ort::Float16_t>));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<Ort::BFloat16_t>));
+  for_each_float_type([&](auto tag) {
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<decltype(tag)>));
+  });
 }
 
 }  // namespace ort
