@@ -37,7 +37,7 @@ TOL16 = {torch.float16: dict(rtol=2e-2, atol=2e-2), torch.bfloat16: dict(rtol=5e
 
 def _my_add_case(name, dtype):
     g = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    r = lambda *s: torch.randn(s, generator=g).to(dtype)  # noqa: E731
     if name == "contiguous-odd-size":  # vector body + scalar tail
         return r(1_000_003), r(1_000_003)
     if name == "misaligned":  # 16-byte vector path must not be taken
@@ -61,7 +61,7 @@ def test_my_add_cuda_matches_cpu_exactly(case, dtype):
     a, b = _my_add_case(case, dtype)
     got = opforge.my_add(a.to(DEV), b.to(DEV))
     want = opforge.my_add(a, b)  # same formula, accumulation type and single rounding
-    assert got.device.type == "cuda" and got.dtype == dtype and got.shape == want.shape
+    assert got.device.type == DEV and got.dtype == dtype and got.shape == want.shape
     assert_close(got.cpu(), want, rtol=0, atol=0)
     assert_close(got.cpu().double(), torch.add(b.double(), a.double(), alpha=2), **TOL16.get(dtype, dict(rtol=1e-6, atol=1e-6)))
 
@@ -126,7 +126,8 @@ CONFIGS = {
 
 
 def _leaves(cfg, dtype, device, scale=2.0):
-    return [t.to(device).requires_grad_() for t in deform_inputs(**cfg, dtype=dtype, offset_scale=scale)]
+    """The same values for every dtype: drawn in float64, then rounded to dtype."""
+    return [t.to(device, dtype).requires_grad_() for t in deform_inputs(**cfg, dtype=torch.float64, offset_scale=scale)]
 
 
 def _forward(fn, leaves, cfg, use_mask):
@@ -164,7 +165,8 @@ def test_forward_and_gradients_match_torchvision_cuda_and_cpu(name, use_mask):
 def test_lower_precision_dtypes_against_float64(dtype):
     cfg = CONFIGS["batch-5-64ch"]
     leaves = _leaves(cfg, dtype, DEV)
-    ref_leaves = _leaves(cfg, torch.float64, DEV)
+    # reference: float64 on exactly the rounded inputs, so only the arithmetic precision differs
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     out = _forward(opforge.deform_conv2d, leaves, cfg, True)
     ref = _forward(tv_deform_conv2d, ref_leaves, cfg, True)
     assert out.dtype == dtype
