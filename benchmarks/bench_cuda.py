@@ -127,8 +127,12 @@ def main(argv=None) -> dict:
     if not opforge.BUILT_WITH_CUDA:
         sys.exit("bench_cuda: this opforge build has no CUDA kernels; rebuild with OPFORGE_CUDA=1")
     n, c, s = args.batch, args.channels, args.size
+
+    def say(*parts):  # with --json, stdout carries only the JSON
+        print(*parts, file=sys.stderr if args.json else sys.stdout)
+
     results = {"device": torch.cuda.get_device_name(), "shape": f"N={n} C={c}->{c} {s}x{s} k=3 mask"}
-    print(f"{results['device']}; deform_conv2d {results['shape']}; torch {torch.__version__}; medians of {args.repeats}")
+    say(f"{results['device']}; deform_conv2d {results['shape']}; torch {torch.__version__}; medians of {args.repeats}")
     for dtype in (torch.float32, torch.float16):
         fw, fb = deform_case(n, c, s, dtype, args.repeats)
         name = str(dtype).replace("torch.", "")
@@ -136,23 +140,23 @@ def main(argv=None) -> dict:
                                      "fwd_bwd_speedup_vs_torchvision": fb["torchvision"] / fb["opforge"],
                                      "fwd_speedup_vs_torchvision": fw["torchvision"] / fw["opforge"],
                                      "fwd_ratio_vs_conv2d": fw["opforge"] / fw["conv2d"]}
-        print(f"[{name}] forward: opforge {fw['opforge']:.3f} ms, torchvision {fw['torchvision']:.3f} ms "
+        say(f"[{name}] forward: opforge {fw['opforge']:.3f} ms, torchvision {fw['torchvision']:.3f} ms "
               f"({fw['torchvision'] / fw['opforge']:.2f}x faster), conv2d {fw['conv2d']:.3f} ms "
               f"(opforge = {fw['opforge'] / fw['conv2d']:.2f}x conv2d)")
-        print(f"[{name}] forward+backward: opforge {fb['opforge']:.3f} ms, torchvision {fb['torchvision']:.3f} ms "
+        say(f"[{name}] forward+backward: opforge {fb['opforge']:.3f} ms, torchvision {fb['torchvision']:.3f} ms "
               f"-> {fb['torchvision'] / fb['opforge']:.2f}x faster (target >= 1.5x)")
     a, b = torch.randn(1 << 24, device="cuda"), torch.randn(1 << 24, device="cuda")
     ma = cuda_round_robin({"opforge": lambda: opforge.my_add(a, b), "torch.add(alpha=2)": lambda: torch.add(b, a, alpha=2)},
                           args.repeats)
     results["my_add_ms"] = ma
-    print(f"my_add 16M fp32: opforge {ma['opforge']:.3f} ms, torch.add(alpha=2) {ma['torch.add(alpha=2)']:.3f} ms "
+    say(f"my_add 16M fp32: opforge {ma['opforge']:.3f} ms, torch.add(alpha=2) {ma['torch.add(alpha=2)']:.3f} ms "
           f"({ma['opforge'] / ma['torch.add(alpha=2)']:.2f}x)")
     o = ort_case(n, c, s, args.repeats)
     if o is None:
-        print("ORT CUDA EP: skipped (onnxruntime-gpu not importable)")
+        say("ORT CUDA EP: skipped (onnxruntime-gpu not importable)")
     else:
         results["ort_cuda_ms"] = o
-        print(f"ORT CUDA EP: opforge {o['opforge']:.3f} ms, DeformConv {o['ort DeformConv']:.3f} ms "
+        say(f"ORT CUDA EP: opforge {o['opforge']:.3f} ms, DeformConv {o['ort DeformConv']:.3f} ms "
               f"({o['opforge'] / o['ort DeformConv']:.2f}x)")
     if args.json:
         print(json.dumps(results, indent=2))

@@ -295,3 +295,21 @@ def test_ort_cuda_ep_bad_input_is_an_error_status():
     out = sess.run(None, {"I0": np.ones((2, 3), np.float32), "I1": np.ones(3, np.float32)})[0]
     np.testing.assert_array_equal(out, np.full((2, 3), 3.0, np.float32))
     assert ort.get_device() == "GPU"
+
+
+# ---- benchmark -------------------------------------------------------------------------
+
+@needs_cuda_build
+def test_cuda_benchmark_reports_ratios(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cuda.py"
+    out = subprocess.run([sys.executable, str(script), "--batch", "2", "--channels", "16", "--size", "20",
+                          "--repeats", "3", "--json"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    for dtype in ("float32", "float16"):
+        assert result[f"deform_{dtype}"]["fwd_bwd_speedup_vs_torchvision"] > 0
+    assert result["my_add_ms"]["opforge"] > 0

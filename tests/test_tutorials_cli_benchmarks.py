@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
@@ -74,3 +75,9 @@ def test_aten_fallback_benchmark_reports_overhead(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout)
     assert result["ort_aten_us_per_node"] > 0 and "overhead_us_per_node" in result
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message; tests/test_cuda.py runs it on a GPU")
+def test_cuda_benchmark_without_a_gpu_says_so(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_cuda.py"), "--json"], cwd=tmp_path)
+    assert out.returncode == 1 and "bench_cuda: no CUDA GPU visible to torch" in out.stderr

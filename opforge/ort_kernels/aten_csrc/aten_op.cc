@@ -221,9 +221,14 @@ struct AtenKernel {
 #ifdef OPFORGE_WITH_CUDA
     // ORT's stream becomes torch's current stream (and device) for this call.
     std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
-    if (on_cuda)
-      stream_guard.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.GetGPUComputeStream()),
-                                                            c10::cuda::current_device()));
+    if (on_cuda) {
+      // the stream belongs to the GPU the node's inputs are on (not necessarily the current one)
+      const c10::DeviceIndex device =
+          n_in > 0 ? static_cast<c10::DeviceIndex>(ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId())
+                   : c10::cuda::current_device();
+      stream_guard.emplace(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.GetGPUComputeStream()), device));
+    }
 #endif
     torch::jit::Stack stack;
     stack.reserve(args.size());

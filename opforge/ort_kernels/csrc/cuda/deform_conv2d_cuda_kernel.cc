@@ -63,6 +63,7 @@ struct DeformConv2dCudaKernel : DeformConv2dAttrs {
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
     if (p.batch == 0) return Ort::Status(nullptr);
 
+    const InputDeviceGuard device(ctx);
     constexpr core::cuda::Dtype dtype = gpu_dtype<T>();
     const cudaStream_t stream = compute_stream(ctx);
     const int64_t G = p.weight_groups, P = p.out_pixels(), col_per_image = p.in_channels * p.taps() * P;

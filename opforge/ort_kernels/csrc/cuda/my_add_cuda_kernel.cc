@@ -9,6 +9,7 @@ namespace ort {
 template <typename T>
 Ort::Status my_add_cuda_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a,
                                 const Ort::Custom::Tensor<T>& b, Ort::Custom::Tensor<T>& out) {
+  const InputDeviceGuard device(ctx);
   core::BinaryPlan plan;
   std::vector<int64_t> out_shape;
   if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;

@@ -31,6 +31,27 @@ inline cudaStream_t compute_stream(OrtKernelContext* ctx) {
   return static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
 }
 
+// Makes the GPU holding the node's first input current for the call (and
+// restores the previous one): launches, cudaMallocAsync and cuBLAS act on the
+// current device, which need not be the session's device_id on this thread.
+class InputDeviceGuard {
+ public:
+  explicit InputDeviceGuard(OrtKernelContext* ctx) {
+    const int want = Ort::KernelContext(ctx).GetInput(0).GetTensorMemoryInfo().GetDeviceId();
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess && current != want && cudaSetDevice(want) == cudaSuccess)
+      previous_ = current;
+  }
+  ~InputDeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  InputDeviceGuard(const InputDeviceGuard&) = delete;
+  InputDeviceGuard& operator=(const InputDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 inline Ort::Status cuda_status(cudaError_t err, const char* op, const char* what) {
   if (err == cudaSuccess) return Ort::Status(nullptr);
   const std::string msg = std::string(op) + ": " + what + " failed: " + cudaGetErrorString(err);
