@@ -46,10 +46,9 @@ def resolve_cuda_home():
     """
     if os.environ.get("CUDA_HOME") or os.environ.get("OPFORGE_CUDA", "auto").lower() in ("0", "off", "false"):
         return
-    for home in ("/usr/local/cuda",):
-        if os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            os.environ["CUDA_HOME"] = home
-            return
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+        return
     nvcc = shutil.which("nvcc")
     if nvcc:
         real = os.path.realpath(nvcc)
@@ -107,13 +106,13 @@ def cuda_include_dirs():
     return dirs
 
 
-def find_cuda_lib(soname):
-    """Full path of a CUDA runtime library: torch's nvidia wheels first (what torch and
-    onnxruntime-gpu load at run time), else the toolkit."""
+def find_cuda_lib(stem):
+    """Full path of a CUDA runtime library (e.g. "libcublas", CUDA 13 or 12): torch's nvidia
+    wheels first (what torch and onnxruntime-gpu load at run time), else the toolkit."""
     from torch.utils import cpp_extension
 
     for d in (nvidia_dir("lib"), os.path.join(cpp_extension.CUDA_HOME or "", "lib64")):
-        for name in (soname, soname.rsplit(".so", 1)[0] + ".so"):
+        for name in (f"{stem}.so.13", f"{stem}.so.12", f"{stem}.so"):
             if os.path.isfile(os.path.join(d, name)):
                 return os.path.join(d, name)
     return None
@@ -141,8 +140,8 @@ def cuda_wanted():
         missing.append(f"no nvcc (CUDA_HOME={cpp_extension.CUDA_HOME!r})")
     elif not any(os.path.isfile(os.path.join(d, "cublas_v2.h")) for d in cuda_include_dirs()):
         missing.append("no cublas_v2.h (pip nvidia-cublas or a full CUDA toolkit)")
-    elif not (find_cuda_lib("libcublas.so.13") or find_cuda_lib("libcublas.so.12")):
-        missing.append("no libcublas")
+    elif not (find_cuda_lib("libcublas") and find_cuda_lib("libcudart")):
+        missing.append("no libcublas / libcudart")
     if missing and mode != "auto":
         sys.exit(f"opforge: OPFORGE_CUDA={mode} but " + "; ".join(missing) + ". Set CUDA_HOME, or OPFORGE_CUDA=0.")
     _CUDA_DECISION = not missing
@@ -202,14 +201,13 @@ def ort_library():
     # cuBLAS dynamically (the same libraries onnxruntime-gpu and torch load), by rpath.
     cuda_dir = os.path.join(csrc, "cuda")
     sources += sorted(glob.glob(os.path.join(cuda_dir, "*.cc")) + glob.glob(os.path.join(cuda_dir, "*.cu")))
-    libs = [find_cuda_lib("libcudart.so.13") or find_cuda_lib("libcudart.so.12"),
-            find_cuda_lib("libcublas.so.13") or find_cuda_lib("libcublas.so.12")]
+    libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
     return Extension(
         ORT_LIB_NAME,
         sources=sources,
         include_dirs=include_dirs + cuda_include_dirs(),
         language="c++",
-        extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS + ["-DORT_API_MANUAL_INIT"]},
+        extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS},
         extra_link_args=link + libs + sorted({f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs}),
         py_limited_api=False,
     )

@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "core/deform_conv2d_tap.h"
 #include "core/deform_conv2d.h"
 
 namespace opforge {

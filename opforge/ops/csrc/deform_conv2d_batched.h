@@ -27,11 +27,33 @@
 
 namespace opforge {
 
-// [G, Og, Kg] weight, repeated for every image of a chunk: [images*G, Og, Kg]
-// (small: the batched GEMM then needs no broadcasting support).
-inline at::Tensor weight_per_image(const at::Tensor& weight_g, int64_t images) {
-  return weight_g.unsqueeze(0).expand({images, -1, -1, -1}).reshape({-1, weight_g.size(1), weight_g.size(2)});
-}
+// The chunking forward and backward share: images per chunk (each column
+// buffer within the byte budget) and the per-group weight [G, Og, Kg] repeated
+// once for a full chunk, [images*G, Og, Kg] (small: the batched GEMM then
+// needs no broadcasting support, and no chunk repeats it again).
+struct ColumnChunks {
+  int64_t groups, out_per_group, rows_per_group, pixels, per_image, images;
+  at::Tensor weight_rep;
+
+  ColumnChunks(const core::DeformConv2dParams& p, const at::Tensor& input, const at::Tensor& weight,
+               int64_t column_budget_bytes)
+      : groups(p.weight_groups),
+        out_per_group(p.out_channels_per_group()),
+        rows_per_group(p.col_rows_per_group()),
+        pixels(p.out_pixels()),
+        per_image(p.in_channels * p.taps() * p.out_pixels()),
+        images(core::deform_gpu_chunk_images(p, static_cast<int64_t>(input.element_size()), column_budget_bytes)) {
+    const at::Tensor weight_g = weight.view({groups, out_per_group, rows_per_group});
+    weight_rep = weight_g.unsqueeze(0).expand({images, -1, -1, -1}).reshape({-1, out_per_group, rows_per_group});
+  }
+  at::Tensor new_buffer(const at::Tensor& like) const { return at::empty({images * per_image}, like.options()); }
+  // Columns of the first n images of a buffer, per (image, group): [n*G, Kg, P].
+  at::Tensor columns(const at::Tensor& buffer, int64_t n) const {
+    return buffer.narrow(0, 0, n * per_image).view({n * groups, rows_per_group, pixels});
+  }
+  // The weight for n images: [n*G, Og, Kg].
+  at::Tensor weights(int64_t n) const { return weight_rep.narrow(0, 0, n * groups); }
+};
 
 // All tensors contiguous, checked (deform_conv2d_args.h); mask undefined or
 // ignored when !p.use_mask. column_budget_bytes bounds each column buffer.
@@ -42,19 +64,15 @@ at::Tensor deform_conv2d_batched_forward(const core::DeformConv2dParams& p, cons
                                          int64_t column_budget_bytes) {
   at::Tensor out = at::empty({p.batch, p.out_channels, p.out_h, p.out_w}, input.options());
   if (p.batch == 0) return out;
-  const int64_t G = p.weight_groups, Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
-  const int64_t P = p.out_pixels(), col_per_image = p.in_channels * p.taps() * P;
-  const int64_t chunk =
-      core::deform_gpu_chunk_images(p, static_cast<int64_t>(input.element_size()), column_budget_bytes);
-  const at::Tensor weight_g = weight.view({G, Og, Kg});
-  at::Tensor col_buffer = at::empty({chunk * col_per_image}, input.options());
+  const ColumnChunks chunks(p, input, weight, column_budget_bytes);
+  const at::Tensor col_buffer = chunks.new_buffer(input);
   sampler.fill_bias(p, bias, out);
-  for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
-    const int64_t images = std::min(chunk, p.batch - b0);
-    at::Tensor col = col_buffer.narrow(0, 0, images * col_per_image).view({images * G, Kg, P});
+  for (int64_t b0 = 0; b0 < p.batch; b0 += chunks.images) {
+    const int64_t images = std::min(chunks.images, p.batch - b0);
+    at::Tensor col = chunks.columns(col_buffer, images);
     sampler.im2col(p, input, offset, mask, b0, images, col);
-    at::Tensor out_chunk = out.narrow(0, b0, images).view({images * G, Og, P});
-    out_chunk.baddbmm_(weight_per_image(weight_g, images), col);  // += (bias is already in out)
+    at::Tensor out_chunk = out.narrow(0, b0, images).view({images * chunks.groups, chunks.out_per_group, chunks.pixels});
+    out_chunk.baddbmm_(chunks.weights(images), col);  // += (bias is already in out)
   }
   return out;
 }
@@ -69,25 +87,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const at::ScalarType acc_t = (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
   at::Tensor grad_input_acc = at::zeros(input.sizes(), input.options().dtype(acc_t));
   at::Tensor grad_weight_acc = at::zeros(weight.sizes(), weight.options().dtype(acc_t));
-  at::Tensor grad_offset = at::zeros_like(offset);  // the kernel writes every element; zeros for batch 0
-  at::Tensor grad_mask = p.use_mask ? at::empty_like(mask) : at::zeros_like(mask);
+  // the sampling backward writes every grad_offset / grad_mask element of a non-empty batch
+  at::Tensor grad_offset = p.batch > 0 ? at::empty_like(offset) : at::zeros_like(offset);
+  at::Tensor grad_mask = p.use_mask && p.batch > 0 ? at::empty_like(mask) : at::zeros_like(mask);
   at::Tensor grad_bias = at::sum(grad, at::IntArrayRef{0, 2, 3}, /*keepdim=*/false, acc_t);
   if (p.batch > 0) {
-    const int64_t G = p.weight_groups, Og = p.out_channels_per_group(), Kg = p.col_rows_per_group();
-    const int64_t P = p.out_pixels(), col_per_image = p.in_channels * p.taps() * P;
-    const int64_t chunk =
-        core::deform_gpu_chunk_images(p, static_cast<int64_t>(input.element_size()), column_budget_bytes);
-    const at::Tensor weight_g = weight.view({G, Og, Kg});
-    at::Tensor col_buffer = at::empty({chunk * col_per_image}, input.options());
-    at::Tensor grad_col_buffer = at::empty({chunk * col_per_image}, input.options());
+    const ColumnChunks chunks(p, input, weight, column_budget_bytes);
+    const int64_t G = chunks.groups, Og = chunks.out_per_group, Kg = chunks.rows_per_group;
+    const at::Tensor col_buffer = chunks.new_buffer(input), grad_col_buffer = chunks.new_buffer(input);
     at::Tensor grad_weight_g = grad_weight_acc.view({G, Og, Kg});
-    for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
-      const int64_t images = std::min(chunk, p.batch - b0);
-      at::Tensor col = col_buffer.narrow(0, 0, images * col_per_image).view({images * G, Kg, P});
-      at::Tensor grad_col = grad_col_buffer.narrow(0, 0, images * col_per_image).view({images * G, Kg, P});
+    for (int64_t b0 = 0; b0 < p.batch; b0 += chunks.images) {
+      const int64_t images = std::min(chunks.images, p.batch - b0);
+      at::Tensor col = chunks.columns(col_buffer, images);
+      at::Tensor grad_col = chunks.columns(grad_col_buffer, images);
       sampler.im2col(p, input, offset, mask, b0, images, col);
-      const at::Tensor go = grad.narrow(0, b0, images).view({images * G, Og, P});
-      at::bmm_out(grad_col, weight_per_image(weight_g, images).transpose(1, 2), go);  // dcol = W^T dY
+      const at::Tensor go = grad.narrow(0, b0, images).view({images * G, Og, chunks.pixels});
+      at::bmm_out(grad_col, chunks.weights(images).transpose(1, 2), go);  // dcol = W^T dY
       grad_weight_g += at::sum(at::bmm(go, col.transpose(1, 2)).view({images, G, Og, Kg}), at::IntArrayRef{0},
                                /*keepdim=*/false, acc_t);  // dW
       sampler.backward(p, input, offset, mask, b0, images, grad_col, grad_input_acc, grad_offset, grad_mask);
