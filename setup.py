@@ -1,263 +1,128 @@
-"""Builds opforge's two native libraries.
+"""Builds opforge's three native libraries, with the same helpers (opforge/build.py) a
+package uses for its own ops:
 
 * ``opforge._C``: the torch extension (TORCH_LIBRARY "opforge" ops, CPU kernels;
   CUDA kernels when ``OPFORGE_CUDA`` allows and a CUDA toolchain + CUDA torch exist).
 * ``opforge/ort_kernels/libopforge_ort.so``: the ONNX Runtime custom-op library
   (ORT C/C++ headers only; links neither libonnxruntime nor libtorch).
 * ``opforge/ort_kernels/libopforge_aten.so``: ORT kernel for ``org.pytorch.aten::ATen``
-  (ATen-fallback nodes), which runs the op through libtorch (links it, rpath to torch/lib).
+  (ATen-fallback nodes), which runs the op through libtorch (links it, found through
+  ``$ORIGIN``-relative run paths into the installed torch wheel).
 
-Both share the header-only compute cores in ``opforge/csrc/core``.
+It also copies ORT's headers into the package (``opforge/include/onnxruntime``), so an
+installed opforge builds other packages' ORT libraries without fetching anything.
 
-Use ``pip install --no-build-isolation -e .`` or ``python setup.py develop``
-(never an isolated build: it would download torch again).
-
-Environment switches:
-  OPFORGE_CUDA=auto|1|0   CUDA kernels for the torch extension and the ORT library's
-                          CUDAExecutionProvider (default auto: when torch is a CUDA build and
-                          nvcc + cuBLAS headers are found; 1: require them; 0: CPU-only, faster builds)
-  CUDA_HOME               CUDA toolkit (default: /usr/local/cuda, else the nvcc on PATH)
-  TORCH_CUDA_ARCH_LIST    GPU architectures (default without a visible GPU: "8.0;9.0+PTX")
-  OPFORGE_ORT_INCLUDE_DIR directory holding onnxruntime_cxx_api.h
-  OPFORGE_DEBUG=1         -O0 -g instead of -O3 -g0
+Use ``pip install --no-build-isolation -e .`` or ``python setup.py develop`` (never an
+isolated build: it would download torch again); a wheel: ``python -m build --wheel
+--no-isolation``. Environment switches: see opforge/build.py (OPFORGE_CUDA=auto|1|0,
+CUDA_HOME, TORCH_CUDA_ARCH_LIST, OPFORGE_ORT_INCLUDE_DIR, OPFORGE_DEBUG=1).
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
 
-from setuptools import Extension, setup
+from setuptools import setup
+from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CORE_INCLUDE = os.path.join(ROOT, "opforge", "csrc")
-ORT_LIB_NAME = "opforge.ort_kernels.libopforge_ort"
-ATEN_LIB_NAME = "opforge.ort_kernels.libopforge_aten"
-PLAIN_LIBS = (ORT_LIB_NAME, ATEN_LIB_NAME)  # dlopen()ed by ORT, not Python modules
-ORT_HEADER = "onnxruntime_cxx_api.h"
 
 
-def resolve_cuda_home():
-    """CUDA_HOME for torch.utils.cpp_extension, which reads it once at import.
-
-    Its own guess takes the parent of `which nvcc`, which is wrong for wrapper
-    scripts such as /usr/local/bin/nvcc; prefer /usr/local/cuda, then nvcc's
-    real location. Must run before anything imports torch.utils.cpp_extension.
-    """
-    if os.environ.get("CUDA_HOME") or os.environ.get("OPFORGE_CUDA", "auto").lower() in ("0", "off", "false"):
-        return
-    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
-        os.environ["CUDA_HOME"] = "/usr/local/cuda"
-        return
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        real = os.path.realpath(nvcc)
-        home = os.path.dirname(os.path.dirname(real))
-        if os.path.isdir(os.path.join(home, "include")):
-            os.environ["CUDA_HOME"] = home
+def _load_build_helpers():
+    # By path: importing the opforge package would need the extension this builds.
+    spec = importlib.util.spec_from_file_location("_opforge_build", os.path.join(ROOT, "opforge", "build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-resolve_cuda_home()
+B = _load_build_helpers()
+B.resolve_cuda_home()  # before anything imports torch.utils.cpp_extension
+
+# The repo's own header copy (scripts/bootstrap.sh: python opforge/build.py fetch-ort-headers --dest deps/onnxruntime).
+REPO_ORT_INCLUDE = os.path.join(ROOT, "deps", "onnxruntime", "include", "onnxruntime")
 
 
 def rel(*parts):
     return os.path.relpath(os.path.join(ROOT, *parts), ROOT)
 
 
-def find_ort_include():
-    """The ORT header dir: explicit env var, project deps (scripts/fetch_ort_headers.sh), system installs."""
-    explicit = os.environ.get("OPFORGE_ORT_INCLUDE_DIR")
-    if explicit:
-        if not os.path.isfile(os.path.join(explicit, ORT_HEADER)):
-            sys.exit(f"opforge: OPFORGE_ORT_INCLUDE_DIR={explicit} has no {ORT_HEADER}")
-        return explicit
-    candidates = [
-        os.path.join(ROOT, "deps", "onnxruntime", "include", "onnxruntime"),
-        "/usr/include/onnxruntime",
-        "/usr/local/include/onnxruntime",
-        "/usr/local/include",
-    ]
-    for c in candidates:
-        if os.path.isfile(os.path.join(c, ORT_HEADER)) and os.path.isfile(
-            os.path.join(c, "onnxruntime_lite_custom_op.h")
-        ):
-            return c
-    sys.exit(
-        "opforge: ONNX Runtime C/C++ headers (onnxruntime_cxx_api.h, onnxruntime_lite_custom_op.h, "
-        "ORT >= 1.21) not found in " + ", ".join(candidates) + ".\n"
-        "  Fetch them with:  bash scripts/fetch_ort_headers.sh   (puts them in deps/onnxruntime)\n"
-        "  or point OPFORGE_ORT_INCLUDE_DIR at a directory containing onnxruntime_cxx_api.h."
-    )
+def ort_include():
+    try:
+        return B.ort_include_dir(extra_candidates=[REPO_ORT_INCLUDE])
+    except (FileNotFoundError, RuntimeError) as exc:
+        sys.exit(str(exc))
 
 
-def nvidia_dir(*parts):
-    """site-packages/nvidia/cu13/<parts>: the CUDA runtime, cuBLAS and headers torch's wheels ship."""
-    import torch
-
-    return os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu13", *parts)
-
-
-def cuda_include_dirs():
-    from torch.utils import cpp_extension
-
-    dirs = [os.path.join(cpp_extension.CUDA_HOME, "include")]
-    if os.path.isdir(nvidia_dir("include")):
-        dirs.append(nvidia_dir("include"))  # cublas_v2.h (not in every toolkit install)
-    return dirs
-
-
-def find_cuda_lib(stem):
-    """Full path of a CUDA runtime library (e.g. "libcublas", CUDA 13 or 12): torch's nvidia
-    wheels first (what torch and onnxruntime-gpu load at run time), else the toolkit."""
-    from torch.utils import cpp_extension
-
-    for d in (nvidia_dir("lib"), os.path.join(cpp_extension.CUDA_HOME or "", "lib64")):
-        for name in (f"{stem}.so.13", f"{stem}.so.12", f"{stem}.so"):
-            if os.path.isfile(os.path.join(d, name)):
-                return os.path.join(d, name)
-    return None
-
-
-_CUDA_DECISION = None
-
-
-def cuda_wanted():
-    """Decides once whether to build CUDA kernels (OPFORGE_CUDA=auto|1|0), and says why."""
-    global _CUDA_DECISION
-    if _CUDA_DECISION is not None:
-        return _CUDA_DECISION
-    mode = os.environ.get("OPFORGE_CUDA", "auto").lower()
-    if mode in ("0", "off", "false", ""):
-        _CUDA_DECISION = False
-        return False
-    import torch
-    from torch.utils import cpp_extension
-
-    missing = []
-    if torch.version.cuda is None:
-        missing.append(f"torch {torch.__version__} is not a CUDA build")
-    if cpp_extension.CUDA_HOME is None or not os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")):
-        missing.append(f"no nvcc (CUDA_HOME={cpp_extension.CUDA_HOME!r})")
-    elif not any(os.path.isfile(os.path.join(d, "cublas_v2.h")) for d in cuda_include_dirs()):
-        missing.append("no cublas_v2.h (pip nvidia-cublas or a full CUDA toolkit)")
-    elif not (find_cuda_lib("libcublas") and find_cuda_lib("libcudart")):
-        missing.append("no libcublas / libcudart")
-    if missing and mode != "auto":
-        sys.exit(f"opforge: OPFORGE_CUDA={mode} but " + "; ".join(missing) + ". Set CUDA_HOME, or OPFORGE_CUDA=0.")
-    _CUDA_DECISION = not missing
-    if missing:
-        print("opforge: building CPU-only (" + "; ".join(missing) + ")", file=sys.stderr)
-    else:
-        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
-            # No GPU to ask: Ampere + Hopper SASS, and Hopper PTX for newer GPUs to JIT.
-            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-        print(f"opforge: building CUDA kernels (CUDA_HOME={cpp_extension.CUDA_HOME}, "
-              f"archs {os.environ.get('TORCH_CUDA_ARCH_LIST', 'of the visible GPUs')})", file=sys.stderr)
-    return _CUDA_DECISION
-
-
-NVCC_FLAGS = ["-O3", "-std=c++17", "-DOPFORGE_WITH_CUDA", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"]
-
-
-def opt_flags():
-    return ["-O0", "-g"] if os.environ.get("OPFORGE_DEBUG") == "1" else ["-O3", "-g0"]
+def bundle_ort_headers():
+    """Copies the ORT headers used for this build into the package (shipped as package data)."""
+    src = ort_include()
+    dest = os.path.join(ROOT, "opforge", "include", "onnxruntime")
+    if os.path.realpath(src) == os.path.realpath(dest):
+        return
+    os.makedirs(dest, exist_ok=True)
+    for header in glob.glob(os.path.join(src, "*.h")):
+        target = os.path.join(dest, os.path.basename(header))
+        if not os.path.isfile(target) or open(header, "rb").read() != open(target, "rb").read():
+            shutil.copy2(header, target)
 
 
 def torch_extension():
-    from torch.utils import cpp_extension
-
-    sources = sorted(glob.glob(rel("opforge", "ops", "csrc", "*.cpp")))
-    cxx = opt_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
-    # at::parallel_for is an inline OpenMP region: without -fopenmp it runs serially.
-    # The runtime libgomp is the one torch already loaded (same SONAME).
-    kwargs = dict(
-        include_dirs=[CORE_INCLUDE, os.path.join(ROOT, "opforge", "ops", "csrc")],
-        extra_link_args=["-fopenmp"],
-        py_limited_api=True,
+    csrc = rel("opforge", "ops", "csrc")
+    return B.TorchExtension(
+        "opforge._C",
+        [os.path.join(csrc, "*.cpp")],
+        cuda_sources=[os.path.join(csrc, "cuda", "*.cpp"), os.path.join(csrc, "cuda", "*.cu")],
+        include_dirs=[os.path.join(ROOT, csrc)],
     )
-    if cuda_wanted():
-        cuda_dir = rel("opforge", "ops", "csrc", "cuda")
-        sources += sorted(glob.glob(os.path.join(cuda_dir, "*.cpp")) + glob.glob(os.path.join(cuda_dir, "*.cu")))
-        kwargs["include_dirs"] += cuda_include_dirs()
-        return cpp_extension.CUDAExtension(
-            "opforge._C",
-            sources,
-            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS},
-            **kwargs,
-        )
-    return cpp_extension.CppExtension("opforge._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
 
 
 def ort_library():
     csrc = rel("opforge", "ort_kernels", "csrc")
-    sources = sorted(glob.glob(os.path.join(csrc, "*.cc")))
-    cxx = opt_flags() + ["-std=c++17", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
-    link = [f"-Wl,--version-script={os.path.join(csrc, 'exports.map')}", "-Wl,--as-needed"]
-    include_dirs = [CORE_INCLUDE, os.path.join(ROOT, csrc), find_ort_include()]  # absolute: ninja runs elsewhere
-    if not cuda_wanted():
-        return Extension(ORT_LIB_NAME, sources=sources, include_dirs=include_dirs, language="c++",
-                         extra_compile_args=cxx, extra_link_args=link, py_limited_api=False)
-    # CUDA EP kernels: still no libonnxruntime/libtorch; links the CUDA runtime and
-    # cuBLAS dynamically (the same libraries onnxruntime-gpu and torch load), by rpath.
-    cuda_dir = os.path.join(csrc, "cuda")
-    sources += sorted(glob.glob(os.path.join(cuda_dir, "*.cc")) + glob.glob(os.path.join(cuda_dir, "*.cu")))
-    libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
-    return Extension(
-        ORT_LIB_NAME,
-        sources=sources,
-        include_dirs=include_dirs + cuda_include_dirs(),
-        language="c++",
-        extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS},
-        extra_link_args=link + libs + sorted({f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs}),
-        py_limited_api=False,
+    return B.OrtLibrary(
+        "opforge.ort_kernels.libopforge_ort",
+        [os.path.join(csrc, "*.cc")],
+        cuda_sources=[os.path.join(csrc, "cuda", "*.cc"), os.path.join(csrc, "cuda", "*.cu")],
+        include_dirs=[os.path.join(ROOT, csrc)],  # absolute: ninja runs elsewhere
+        ort_include_candidates=[REPO_ORT_INCLUDE],
     )
 
 
 def aten_library():
     """libopforge_aten.so: org.pytorch.aten::ATen for ORT, through libtorch (which it links)."""
+    from setuptools import Extension
     from torch.utils import cpp_extension
 
-    csrc = rel("opforge", "ort_kernels", "aten_csrc")
+    name = "opforge.ort_kernels.libopforge_aten"
     lib_dirs = cpp_extension.library_paths()
     cuda_libs, cuda_flags, cuda_link, include_dirs = [], [], [], []
-    if cuda_wanted():
+    if B.cuda_enabled():
         # CUDA EP variant: c10_cuda for streams; torch_cuda so ATen's CUDA kernels are
         # registered in the dispatcher (nothing references it directly, hence no-as-needed).
-        cuda_libs, cuda_flags, include_dirs = ["c10_cuda"], ["-DOPFORGE_WITH_CUDA"], cuda_include_dirs()
+        cuda_libs, cuda_flags, include_dirs = ["c10_cuda"], ["-DOPFORGE_WITH_CUDA"], B.cuda_include_dirs()
         cuda_link = ["-Wl,--no-as-needed", "-ltorch_cuda", "-Wl,--as-needed"]
-    return Extension(
-        ATEN_LIB_NAME,
-        sources=sorted(glob.glob(os.path.join(csrc, "*.cc"))),
-        include_dirs=[os.path.join(ROOT, "opforge", "ort_kernels", "csrc"), find_ort_include(), *cpp_extension.include_paths(),
-                      *include_dirs],
+    ext = Extension(
+        name,
+        sources=sorted(glob.glob(os.path.join(rel("opforge", "ort_kernels", "aten_csrc"), "*.cc"))),
+        include_dirs=[str(B.CSRC_DIR), ort_include(), *cpp_extension.include_paths(), *include_dirs],
         library_dirs=lib_dirs,
         libraries=["c10", "torch_cpu"] + cuda_libs,  # not torch_python: any ORT process, no Python needed
         language="c++",
-        extra_compile_args=opt_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"] + cuda_flags,
-        extra_link_args=[f"-Wl,--version-script={rel('opforge', 'ort_kernels', 'csrc', 'exports.map')}",
-                         *(f"-Wl,-rpath,{d}" for d in lib_dirs), *cuda_link],
+        extra_compile_args=B.opt_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
+        + cuda_flags,
+        extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", *B.rpath_flags(lib_dirs, name), *cuda_link],
         py_limited_api=False,
     )
+    ext.opforge_plain_library = True
+    return ext
 
 
-def make_build_ext():
-    from torch.utils.cpp_extension import BuildExtension
-
-    class OpforgeBuildExt(BuildExtension):
-        """torch's BuildExtension (ninja, ABI flags) plus a plain-named ORT library."""
-
-        def get_ext_filename(self, fullname):
-            # A dlopen()ed library, not a Python module: no ABI suffix. distutils
-            # asks with the full dotted name and with just the last component.
-            for lib in PLAIN_LIBS:
-                if fullname == lib or fullname == lib.rsplit(".", 1)[1]:
-                    return os.path.join(*fullname.split(".")) + ".so"
-            return super().get_ext_filename(fullname)
-
-        def get_export_symbols(self, ext):
-            return [] if ext.name in PLAIN_LIBS else super().get_export_symbols(ext)
-
-    return OpforgeBuildExt.with_options(use_ninja=True)
+class BuildPyWithOrtHeaders(build_py):
+    def run(self):
+        bundle_ort_headers()
+        super().run()
 
 
 class DevelopNoIsolation(develop):
@@ -276,7 +141,8 @@ class DevelopNoIsolation(develop):
         subprocess.check_call(cmd)
 
 
+bundle_ort_headers()
 setup(
     ext_modules=[torch_extension(), ort_library(), aten_library()],
-    cmdclass={"build_ext": make_build_ext(), "develop": DevelopNoIsolation},
+    cmdclass={"build_ext": B.build_ext(), "build_py": BuildPyWithOrtHeaders, "develop": DevelopNoIsolation},
 )

@@ -1,20 +1,33 @@
 """opforge: PyTorch custom operators end to end.
 
-``import opforge`` loads the torch extension (``torch.ops.opforge.*``), registers
-every op's fake impl and autograd, its ONNX schema, and its TorchScript symbolics
-(so plain ``torch.onnx.export(..., dynamo=False)`` works); ``opforge.export``
-also wires the dynamo exporter; ``opforge.ort_session`` / ``ort_library_path``
-run the exported models in ONNX Runtime.
+``import opforge`` loads the torch extension (``torch.ops.opforge.*``) and registers
+every built-in op through the same public API a package uses for its own ops:
+:func:`register_op` (fake impl, autograd, ONNX schema, TorchScript symbolics; the
+dynamo translation and ``onnx.reference`` op read the registry), and ORT libraries by
+ONNX domain (:func:`register_ort_library`, :func:`ort_library_path`,
+:func:`ort_session`). :mod:`opforge.build` builds a package's own kernels;
+:mod:`opforge.testing` checks an op end to end; ``opforge new-op`` writes a working one.
 """
 
 from . import ops, spec, symbolics
 from .diagnosis import Diagnosis, ExportError, diagnose
 from .export import export
 from .ops import DeformConv2d, MyAdd, MyAddFunction, deform_conv2d, my_add
-from .ort_kernels import MissingOpforgeKernels, aten_library_path, ort_library_path, ort_session
+from .ort_kernels import (
+    MissingOpforgeKernels,
+    MissingOrtKernels,
+    MissingOrtLibrary,
+    aten_library_path,
+    ort_libraries,
+    ort_library_path,
+    ort_session,
+    register_ort_library,
+)
+from .registration import OpRegistrationError, check_library, register_op
+from .spec import AttrArg, OpSpec, TensorArg
 from .symbolics import standard_onnx, translation_table
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: True when this build has CUDA kernels: torch ops on CUDA tensors, and the ORT
 #: library's CUDAExecutionProvider kernels (built with OPFORGE_CUDA=auto|1).
@@ -23,21 +36,31 @@ BUILT_WITH_CUDA = bool(getattr(ops._registry._C, "WITH_CUDA", 0))
 symbolics.register_all()
 
 __all__ = [
+    "AttrArg",
     "BUILT_WITH_CUDA",
+    "DeformConv2d",
     "Diagnosis",
     "ExportError",
-    "diagnose",
-    "DeformConv2d",
-    "deform_conv2d",
     "MissingOpforgeKernels",
-    "aten_library_path",
+    "MissingOrtKernels",
+    "MissingOrtLibrary",
     "MyAdd",
     "MyAddFunction",
+    "OpRegistrationError",
+    "OpSpec",
+    "TensorArg",
+    "aten_library_path",
+    "check_library",
+    "deform_conv2d",
+    "diagnose",
     "export",
     "my_add",
     "ops",
+    "ort_libraries",
     "ort_library_path",
     "ort_session",
+    "register_op",
+    "register_ort_library",
     "spec",
     "standard_onnx",
     "symbolics",

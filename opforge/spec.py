@@ -9,7 +9,7 @@ optional lowering to standard ONNX).
 
 From it the project derives, explicitly and in one place each:
 
-* torch: fake impl + autograd registration  -> :func:`opforge.ops._registry.register_torch_op`
+* torch: fake impl + autograd registration  -> :func:`opforge.register_op`
 * TorchScript symbolic, every opset         -> :mod:`opforge.symbolics.torchscript`
 * dynamo (onnxscript) translation            -> :mod:`opforge.symbolics.dynamo`
 * ``onnx.defs.OpSchema`` of the custom domain -> :mod:`opforge.symbolics.onnx_schema`
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any, Callable, Literal, Optional, Union
 
-#: The custom ONNX domain (and its version) of every opforge op. The ORT
-#: library registers its kernels under the same name (ort_common.h: kDomain).
+#: The torch namespace and custom ONNX domain (and its version) of opforge's own
+#: ops. libopforge_ort registers its kernels under the same domain name.
 DOMAIN = "opforge"
 DOMAIN_VERSION = 1
 
@@ -37,25 +38,41 @@ TORCHSCRIPT_OPSETS = range(9, 21)
 
 @dataclasses.dataclass(frozen=True)
 class TensorArg:
-    """A torch Tensor argument that becomes an ONNX input."""
+    """A torch Tensor argument that becomes an ONNX input (named ``onnx_name``, default ``name``)."""
 
     name: str
-    onnx_name: str
+    onnx_name: Optional[str] = None
     doc: str = ""
     optional: bool = False
 
+    def __post_init__(self) -> None:
+        if self.onnx_name is None:
+            object.__setattr__(self, "onnx_name", self.name)
+
 
 AttrKind = Literal["int", "ints", "float", "bool"]
+ATTR_KINDS = ("int", "ints", "float", "bool")
 
 
 @dataclasses.dataclass(frozen=True)
 class AttrArg:
-    """A torch scalar/list argument that becomes an ONNX attribute."""
+    """A torch scalar/list argument that becomes an ONNX attribute (``onnx_name``, default ``name``).
+
+    ``kind``: ``int`` (torch ``int``), ``ints`` (``int[]``), ``float`` (``float``; ONNX stores
+    it as float32, so kernels should compute with the float32 value: opforge's glue hands
+    them a C++ ``float``) or ``bool`` (an int attribute 0/1 in ONNX).
+    """
 
     name: str
-    onnx_name: str
-    kind: AttrKind
+    onnx_name: Optional[str] = None
+    kind: Optional[AttrKind] = None
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTR_KINDS:
+            raise ValueError(f"AttrArg {self.name!r}: kind must be one of {ATTR_KINDS}, got {self.kind!r}")
+        if self.onnx_name is None:
+            object.__setattr__(self, "onnx_name", self.name)
 
 
 Arg = Union[TensorArg, AttrArg]
@@ -63,6 +80,15 @@ Arg = Union[TensorArg, AttrArg]
 
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
+    """Everything opforge needs to know about one op; :func:`opforge.register_op` derives
+    the torch registrations and both exporters' rules from it.
+
+    ``namespace`` is the torch library namespace (``TORCH_LIBRARY(namespace, m)``, so
+    ``torch.ops.<namespace>.<name>``) and ``domain`` the custom ONNX domain of the node and
+    of its ORT kernel. Either defaults to the other; a domain that is no Python identifier
+    (``com.example``, ``ai.onnx.contrib``) needs an explicit namespace.
+    """
+
     name: str
     #: The TORCH_LIBRARY schema, without namespace, exactly as printed by torch.
     schema: str
@@ -73,10 +99,12 @@ class OpSpec:
     #: Fake (meta) implementation: shapes/dtypes only, also raises on bad input.
     fake: Callable[..., Any]
     #: ``torch.library.register_autograd`` pair; also reused by the op's autograd.Function.
-    setup_context: Callable[..., None]
-    backward: Callable[..., Any]
-    #: Numpy implementation for ``onnx.reference`` (inputs as arrays, attributes as kwargs).
-    reference: Callable[..., tuple]
+    #: None: the op is not differentiable.
+    setup_context: Optional[Callable[..., None]] = None
+    backward: Optional[Callable[..., Any]] = None
+    #: Numpy implementation for ``onnx.reference`` (inputs as arrays, attributes as kwargs;
+    #: float attributes arrive as float32 values, as ONNX stores them).
+    reference: Optional[Callable[..., tuple]] = None
     #: Optional standard-ONNX lowerings: ``(g, *args) -> Value`` for TorchScript,
     #: ``(*args) -> tensor`` (onnxscript, traced) for dynamo.
     standard_torchscript: Optional[Callable[..., Any]] = None
@@ -92,14 +120,56 @@ class OpSpec:
     torch_aliases: tuple[str, ...] = ()
     #: The element types accepted (ONNX type strings) and which input's type the output has.
     onnx_types: tuple[str, ...] = FLOAT_TYPES
-    domain: str = DOMAIN
+    #: ONNX domain of the node (and of its ORT kernel library); default: ``namespace``.
+    domain: Optional[str] = None
     domain_version: int = DOMAIN_VERSION
     torchscript_opsets: range = TORCHSCRIPT_OPSETS
+    #: torch namespace of the op (``torch.ops.<namespace>.<name>``); default: ``domain``.
+    namespace: Optional[str] = None
+    #: Other ops of ``namespace`` that only this op uses (e.g. its backward,
+    #: "_deform_conv2d_backward"): never exported, exempt from the "every op has a spec" check.
+    helper_ops: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        namespace, domain = self.namespace or self.domain, self.domain or self.namespace
+        if namespace is None:
+            raise TypeError(f"OpSpec {self.name!r}: give a torch namespace (namespace=) and/or an ONNX domain (domain=)")
+        if not namespace.isidentifier():
+            example = re.sub(r"\W", "_", namespace)
+            raise ValueError(
+                f"OpSpec {self.name!r}: torch namespace {namespace!r} is not a Python identifier; ONNX domain "
+                f"{domain!r} needs an explicit namespace= (e.g. namespace={example!r})"
+            )
+        if not self.name.isidentifier():
+            raise ValueError(f"OpSpec: op name {self.name!r} is not an identifier")
+        object.__setattr__(self, "namespace", namespace)
+        object.__setattr__(self, "domain", domain)
+        if not self.schema.startswith(self.name + "("):
+            raise ValueError(f"OpSpec {self.torch_qualname}: schema {self.schema!r} must start with '{self.name}('")
+        if (self.setup_context is None) != (self.backward is None):
+            raise TypeError(f"OpSpec {self.torch_qualname}: give both setup_context and backward, or neither")
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise ValueError(f"OpSpec {self.torch_qualname}: duplicate argument names {names}")
+
+    @property
+    def torch_qualname(self) -> str:
+        """``namespace::name``: the torch op (``torch.ops.namespace.name``)."""
+        return f"{self.namespace}::{self.name}"
+
+    @property
+    def onnx_qualname(self) -> str:
+        """``domain::name``: the ONNX node (and the registry key)."""
+        return f"{self.domain}::{self.name}"
+
+    @property
+    def differentiable(self) -> bool:
+        return self.backward is not None
 
     @property
     def qualname(self) -> str:
-        """``opforge::my_add``: the torch op name and the ONNX ``domain::name``."""
-        return f"{self.domain}::{self.name}"
+        """The torch op name, ``namespace::name`` (what error messages and torch.library use)."""
+        return self.torch_qualname
 
     @property
     def tensor_args(self) -> tuple[TensorArg, ...]:
@@ -156,12 +226,32 @@ def broadcast_dims(*shapes: Optional[list]) -> Optional[list]:
     return out
 
 
-#: Every op, in registration order. Filled by opforge.ops.* at import.
+#: Every registered op (built-in or not) by ``domain::name``, in registration order.
+#: Filled by :func:`opforge.register_op`.
 REGISTRY: dict[str, OpSpec] = {}
 
 
 def add(spec: OpSpec) -> OpSpec:
-    if spec.name in REGISTRY:
-        raise ValueError(f"opforge: op {spec.name!r} is defined twice")
-    REGISTRY[spec.name] = spec
+    """Adds ``spec`` to the registry (idempotent for the same spec); :func:`opforge.register_op`
+    calls it, after the torch side checked out."""
+    known = REGISTRY.get(spec.onnx_qualname)
+    if known is not None and known is not spec:
+        raise ValueError(f"opforge: ONNX op {spec.onnx_qualname} is defined twice (torch ops {known.torch_qualname} "
+                         f"and {spec.torch_qualname}); give one of them another name or domain")
+    for other in REGISTRY.values():
+        if other is not spec and other.torch_qualname == spec.torch_qualname:
+            raise ValueError(f"opforge: torch op {spec.torch_qualname} already has a spec (ONNX {other.onnx_qualname})")
+    REGISTRY[spec.onnx_qualname] = spec
     return spec
+
+
+def find(name: str) -> OpSpec:
+    """The spec named ``domain::name``, ``namespace::name`` or a bare name (if unique)."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    hits = [s for s in REGISTRY.values() if name in (s.torch_qualname, s.name)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise KeyError(f"opforge: no op named {name!r}; known ops: {sorted(REGISTRY)}")
+    raise KeyError(f"opforge: {name!r} is ambiguous: {sorted(s.onnx_qualname for s in hits)}; use domain::name")

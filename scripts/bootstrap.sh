@@ -2,7 +2,8 @@
 # Sets up everything opforge needs on a fresh machine, idempotently:
 #   1. a virtualenv in .venv (override with OPFORGE_VENV)
 #   2. the pinned packages of requirements.txt (torch 2.14.1, onnxruntime, ...)
-#   3. ONNX Runtime's C/C++ headers in deps/ (scripts/fetch_ort_headers.sh)
+#   3. ONNX Runtime's C/C++ headers in deps/ (opforge's own fetcher, `opforge fetch-ort-headers`,
+#      run from the source file: opforge is not built yet)
 #   4. the native build: torch extension, libopforge_ort.so, libopforge_aten.so (editable install,
 #      no build isolation; ninja rebuilds only what changed)
 # Re-running it is cheap: each step is skipped or incremental when up to date.
@@ -31,7 +32,7 @@ step 3/4 "ONNX Runtime C/C++ headers"
 if [[ -n "${OPFORGE_ORT_INCLUDE_DIR:-}" ]]; then
   echo "using OPFORGE_ORT_INCLUDE_DIR=$OPFORGE_ORT_INCLUDE_DIR"
 else
-  bash "$root/scripts/fetch_ort_headers.sh"
+  "$venv/bin/python" "$root/opforge/build.py" fetch-ort-headers --dest "$root/deps/onnxruntime"
 fi
 
 step 4/4 "build opforge (torch extension, libopforge_ort.so, libopforge_aten.so)"

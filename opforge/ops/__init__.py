@@ -1,7 +1,23 @@
-"""The torch side of every op: C++ kernels (opforge._C) plus fake impls, autograd
-and user-facing wrappers defined next to each op's spec."""
+"""The torch side of opforge's own ops: C++ kernels (opforge._C) plus, in one module per
+op, its spec, fake impl, autograd and user-facing wrappers.
 
+Every module here is imported (so a new op's spec module needs no line in this file),
+then :func:`opforge.check_library` checks that every op of ``TORCH_LIBRARY(opforge)``
+has a spec: an op declared in C++ without one fails the import, naming the op.
+"""
+
+import importlib
+import pkgutil
+
+from ..registration import check_library
+from ._registry import _C  # noqa: F401
 from .deform_conv2d import DEFORM_CONV2D, DeformConv2d, deform_conv2d
 from .my_add import MY_ADD, MyAdd, MyAddFunction, my_add
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+check_library("opforge")
 
 __all__ = ["DEFORM_CONV2D", "DeformConv2d", "deform_conv2d", "MY_ADD", "MyAdd", "MyAddFunction", "my_add"]

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ._registry import register_torch_op
+from ..registration import register_op
+from ._registry import _C
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
 
@@ -175,38 +176,38 @@ def _standard_dynamo(input, weight, offset, mask, bias, stride_h, stride_w, pad_
                          pads=[pad_h, pad_w, pad_h, pad_w], strides=[stride_h, stride_w])
 
 
-DEFORM_CONV2D = _spec.add(
-    _spec.OpSpec(
-        name="deform_conv2d",
-        schema=(
-            "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
-            "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
-            "bool use_mask) -> Tensor"
-        ),
-        args=(
-            _spec.TensorArg("input", "input", "[N, C, H, W]"),
-            _spec.TensorArg("weight", "weight", "[O, C/groups, kh, kw]"),
-            _spec.TensorArg("offset", "offset", "[N, 2*offset_groups*kh*kw, oh, ow], (dy, dx) per kernel tap"),
-            _spec.TensorArg("mask", "mask", "[N, offset_groups*kh*kw, oh, ow] (read only when use_mask=1)"),
-            _spec.TensorArg("bias", "bias", "[O]"),
-            *(_spec.AttrArg(n, n, "int") for n in _INTS),
-            _spec.AttrArg("use_mask", "use_mask", "bool", "1: modulated (DCNv2), 0: DCNv1"),
-        ),
-        outputs=("output",),
-        doc="Deformable convolution v1/v2 with torchvision.ops.deform_conv2d's semantics.",
-        fake=_fake,
-        setup_context=_setup_context,
-        backward=_backward,
-        reference=_reference,
-        onnx_output_shapes=_output_shapes,
-        standard_torchscript=_standard_torchscript,
-        standard_dynamo=_standard_dynamo,
-        standard_from_opset=19,
-        torch_aliases=("torchvision::deform_conv2d",),
-    )
+DEFORM_CONV2D = _spec.OpSpec(
+    name="deform_conv2d",
+    namespace=_spec.DOMAIN,
+    helper_ops=("_deform_conv2d_backward",),
+    schema=(
+        "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
+        "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+        "bool use_mask) -> Tensor"
+    ),
+    args=(
+        _spec.TensorArg("input", "input", "[N, C, H, W]"),
+        _spec.TensorArg("weight", "weight", "[O, C/groups, kh, kw]"),
+        _spec.TensorArg("offset", "offset", "[N, 2*offset_groups*kh*kw, oh, ow], (dy, dx) per kernel tap"),
+        _spec.TensorArg("mask", "mask", "[N, offset_groups*kh*kw, oh, ow] (read only when use_mask=1)"),
+        _spec.TensorArg("bias", "bias", "[O]"),
+        *(_spec.AttrArg(n, n, "int") for n in _INTS),
+        _spec.AttrArg("use_mask", "use_mask", "bool", "1: modulated (DCNv2), 0: DCNv1"),
+    ),
+    outputs=("output",),
+    doc="Deformable convolution v1/v2 with torchvision.ops.deform_conv2d's semantics.",
+    fake=_fake,
+    setup_context=_setup_context,
+    backward=_backward,
+    reference=_reference,
+    onnx_output_shapes=_output_shapes,
+    standard_torchscript=_standard_torchscript,
+    standard_dynamo=_standard_dynamo,
+    standard_from_opset=19,
+    torch_aliases=("torchvision::deform_conv2d",),
 )
 
-deform_conv2d_op = register_torch_op(DEFORM_CONV2D)
+deform_conv2d_op = register_op(DEFORM_CONV2D, extension=_C)
 
 
 def _pair(v) -> Tuple[int, int]:

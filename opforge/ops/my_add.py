@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ._registry import register_torch_op
+from ..registration import register_op
+from ._registry import _C
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -84,24 +85,23 @@ def _standard_dynamo(a, b):
     return op.Add(op.Mul(a, op.CastLike(2.0, a)), b)
 
 
-MY_ADD = _spec.add(
-    _spec.OpSpec(
-        name="my_add",
-        schema="my_add(Tensor a, Tensor b) -> Tensor",
-        args=(_spec.TensorArg("a", "A", "first operand, scaled by 2"), _spec.TensorArg("b", "B", "second operand")),
-        outputs=("C",),
-        doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
-        fake=_fake,
-        setup_context=_setup_context,
-        backward=_backward,
-        reference=_reference,
-        onnx_output_shapes=lambda shapes, attrs: [_spec.broadcast_dims(*shapes)],
-        standard_torchscript=_standard_torchscript,
-        standard_dynamo=_standard_dynamo,
-    )
+MY_ADD = _spec.OpSpec(
+    name="my_add",
+    namespace=_spec.DOMAIN,
+    schema="my_add(Tensor a, Tensor b) -> Tensor",
+    args=(_spec.TensorArg("a", "A", "first operand, scaled by 2"), _spec.TensorArg("b", "B", "second operand")),
+    outputs=("C",),
+    doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
+    fake=_fake,
+    setup_context=_setup_context,
+    backward=_backward,
+    reference=_reference,
+    onnx_output_shapes=lambda shapes, attrs: [_spec.broadcast_dims(*shapes)],
+    standard_torchscript=_standard_torchscript,
+    standard_dynamo=_standard_dynamo,
 )
 
-my_add_op = register_torch_op(MY_ADD)
+my_add_op = register_op(MY_ADD, extension=_C)
 
 
 def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

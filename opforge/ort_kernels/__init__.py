@@ -1,67 +1,220 @@
-"""opforge's ONNX Runtime custom-op library (``libopforge_ort.so``).
+"""ONNX Runtime custom-op libraries, by ONNX domain.
 
+Each custom ONNX domain is served by one ORT library (ONNX Runtime allows one per
+domain and SessionOptions). opforge's own: ``opforge`` -> ``libopforge_ort.so``,
+``org.pytorch.aten`` -> ``libopforge_aten.so``. Other packages add theirs with
+:func:`register_ort_library`, or declare them as an entry point (found without
+importing the package)::
+
+    [project.entry-points."opforge.ort_libraries"]
+    "com.example" = "my_ops._ort:library_path"     # a function returning the path
+
+Then ``opforge.ort_session(model)`` registers exactly the libraries the model's
+custom domains need, once each::
+
+    sess = opforge.ort_session("model.onnx")
+    # or by hand:
     so = onnxruntime.SessionOptions()
-    so.register_custom_ops_library(opforge.ort_library_path())
-    sess = onnxruntime.InferenceSession("model.onnx", so)
-
-or, equivalently, ``opforge.ort_session("model.onnx")``.
+    so.register_custom_ops_library(opforge.ort_library_path("com.example"))
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
-import re
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
 from ..spec import DOMAIN
 
+ENTRY_POINT_GROUP = "opforge.ort_libraries"
+ATEN_DOMAIN = "org.pytorch.aten"
 _LIB_NAME = "libopforge_ort.so"
 _ATEN_LIB_NAME = "libopforge_aten.so"
-_ATEN_DOMAIN = "org.pytorch.aten"
+_ATEN_DOMAIN = ATEN_DOMAIN
+
+#: Domains ONNX Runtime implements itself: never a custom-op library's.
+BUILTIN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft",
+                             "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc"})
 
 #: What users must do when a model with opforge ops meets a session without our kernels.
 REGISTER_HINT = "sess_options.register_custom_ops_library(opforge.ort_library_path())"
 
+PathSource = Union[str, os.PathLike, Callable[[], Union[str, os.PathLike]]]
 
-def ort_library_path() -> str:
-    """Absolute path of the built ORT custom-op library."""
+
+def _opforge_library() -> str:
     path = Path(__file__).with_name(_LIB_NAME)
     if not path.is_file():
         raise FileNotFoundError(
             f"opforge: {path} is not built. Build opforge with `pip install --no-build-isolation -e .` "
-            "(needs ORT headers: bash scripts/fetch_ort_headers.sh)"
+            "(ORT headers: `opforge fetch-ort-headers`, or OPFORGE_ORT_INCLUDE_DIR)"
         )
     return str(path)
 
 
-def aten_library_path() -> str:
-    """Absolute path of libopforge_aten.so, the ORT kernel for ``org.pytorch.aten::ATen``
-    nodes (links libtorch; load it in processes that can load torch's libraries)."""
+def _aten_library() -> str:
     path = Path(__file__).with_name(_ATEN_LIB_NAME)
     if not path.is_file():
         raise FileNotFoundError(f"opforge: {path} is not built. Build opforge with `pip install --no-build-isolation -e .`")
     return str(path)
 
 
-class MissingOpforgeKernels(RuntimeError):
-    """A model uses ``opforge`` ops but the ORT session has no opforge kernels."""
+#: domain -> (where it came from, path or zero-argument function returning the path)
+_LIBRARIES: dict[str, tuple[str, PathSource]] = {
+    DOMAIN: ("opforge (built-in)", _opforge_library),
+    ATEN_DOMAIN: ("opforge (built-in, links libtorch)", _aten_library),
+}
 
 
-def _model_bytes_and_domains(model) -> tuple[Union[str, bytes], set]:
+class MissingOrtLibrary(LookupError):
+    """No ORT library is known for a custom ONNX domain."""
+
+
+def register_ort_library(domain: str, path: PathSource, *, provider: Optional[str] = None,
+                         replace: bool = False) -> None:
+    """Declares that the ORT custom-op library ``path`` (a path, or a function returning
+    one, called when first needed) serves the ONNX domain ``domain``. ``provider`` names
+    who registered it (shown by ``opforge info``). Registering the same path again is a
+    no-op; another library for a known domain is an error unless ``replace=True``."""
+    if not isinstance(domain, str) or not domain or domain in BUILTIN_DOMAINS:
+        raise ValueError(f"opforge.register_ort_library: {domain!r} is not a custom ONNX domain")
+    known = _LIBRARIES.get(domain)
+    if known is not None and not replace:
+        same = not callable(path) and not callable(known[1]) and os.fspath(path) == os.fspath(known[1])
+        if same or known[1] is path:
+            return
+        raise ValueError(
+            f"opforge.register_ort_library: domain {domain!r} is already served by {known[0]} "
+            f"({_describe(known[1])}); ONNX Runtime allows one custom-op library per domain. Give your ops "
+            "another domain, or pass replace=True"
+        )
+    _LIBRARIES[domain] = (provider or "register_ort_library", path)
+
+
+def _describe(source: PathSource) -> str:
+    if callable(source):
+        try:
+            return os.fspath(source())
+        except Exception as exc:  # noqa: BLE001 - shown, not raised
+            return f"not available: {exc}"
+    return os.fspath(source)
+
+
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _resolve(domain: str) -> tuple[str, str]:
+    """(provider, path) of the library of ``domain``: registered ones first, then entry points."""
+    if domain not in _LIBRARIES:
+        ep = _entry_points().get(domain)
+        if ep is None:
+            raise MissingOrtLibrary(
+                f"opforge: no ONNX Runtime library is known for the ONNX domain {domain!r}. Install the package "
+                f"that provides it (its library is found through the {ENTRY_POINT_GROUP!r} entry point), "
+                f"import it, or call opforge.register_ort_library({domain!r}, path). Known domains: "
+                f"{sorted(set(_LIBRARIES) | set(_entry_points()))}"
+            )
+        target = ep.load()
+        _LIBRARIES[domain] = (f"{ep.dist.name if ep.dist else ep.value} (entry point)", target)
+    provider, source = _LIBRARIES[domain]
+    path = os.fspath(source() if callable(source) else source)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"opforge: the ORT library of domain {domain!r} ({provider}) is not at {path}; "
+                                "is the package built?")
+    return provider, path
+
+
+def ort_library_path(domain: str = DOMAIN) -> str:
+    """Absolute path of the ORT custom-op library serving ``domain`` (default: opforge's own)."""
+    return _resolve(domain)[1]
+
+
+def aten_library_path() -> str:
+    """Absolute path of libopforge_aten.so, the ORT kernel for ``org.pytorch.aten::ATen``
+    nodes (links libtorch; load it in processes that can load torch's libraries)."""
+    return ort_library_path(ATEN_DOMAIN)
+
+
+def ort_libraries() -> dict[str, tuple[str, str]]:
+    """``{domain: (provider, path or 'not available: why')}`` for every known library."""
+    out = {}
+    for domain in sorted(set(_LIBRARIES) | set(_entry_points())):
+        try:
+            out[domain] = _resolve(domain)
+        except Exception as exc:  # noqa: BLE001 - listed, not raised
+            out[domain] = (_LIBRARIES.get(domain, ("entry point", None))[0], f"not available: {exc}")
+    return out
+
+
+class MissingOrtKernels(RuntimeError):
+    """A model uses custom-domain ops but the ORT session has no kernels for them."""
+
+
+#: The earlier name, for code written against opforge 0.1.
+MissingOpforgeKernels = MissingOrtKernels
+
+
+def _load_model(model) -> tuple[Union[str, bytes], onnx.ModelProto]:
     if isinstance(model, onnx.ModelProto):
-        proto = model
-        data: Union[str, bytes] = model.SerializeToString()
-    elif isinstance(model, (bytes, bytearray)):
-        data = bytes(model)
-        proto = onnx.load_from_string(data)
-    else:
-        data = os.fspath(model)
-        proto = onnx.load(data, load_external_data=False)
-    ops = {f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain in (DOMAIN, _ATEN_DOMAIN)}
-    return data, ops
+        return model.SerializeToString(), model
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model), onnx.load_from_string(bytes(model))
+    path = os.fspath(model)
+    return path, onnx.load(path, load_external_data=False)
+
+
+def _graph_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:  # If / Loop / Scan bodies
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graph_nodes(sub)
+
+
+def custom_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """``{domain: ["domain::op", ...]}`` of the nodes ONNX Runtime needs a custom-op
+    library for (local functions defined in the model excluded)."""
+    local = {(f.domain, f.name) for f in model.functions}
+    nodes = list(_graph_nodes(model.graph))
+    for f in model.functions:
+        nodes += list(f.node)
+    ops: dict[str, set] = {}
+    for n in nodes:
+        if n.domain not in BUILTIN_DOMAINS and (n.domain, n.op_type) not in local:
+            ops.setdefault(n.domain, set()).add(f"{n.domain}::{n.op_type}")
+    return {d: sorted(v) for d, v in sorted(ops.items())}
+
+
+def _config_key(domain: str) -> str:
+    return f"opforge.custom_domain.{domain}"  # set by opforge/ort_library.h: add_domain
+
+
+def _has_domain(so, domain: str) -> bool:
+    try:
+        so.get_session_config_entry(_config_key(domain))
+        return True
+    except Exception:  # noqa: BLE001 - ORT raises a bare RuntimeError for a missing key
+        return False
+
+
+def _register_libraries(so, domains) -> list[str]:
+    """Registers the library of each domain in ``so`` unless it already has one (libraries built
+    on opforge mark the options); returns the domains with no known library."""
+    unknown = []
+    for domain in domains:
+        if _has_domain(so, domain):
+            continue
+        try:
+            _, path = _resolve(domain)
+        except MissingOrtLibrary:
+            unknown.append(domain)
+            continue
+        so.register_custom_ops_library(path)
+    return unknown
 
 
 def ort_session(
@@ -70,40 +223,106 @@ def ort_session(
     providers: Optional[Sequence] = None,
     *,
     intra_op_num_threads: Optional[int] = None,
-    register_opforge: bool = True,
+    register_libraries: bool = True,
+    register_opforge: Optional[bool] = None,
     register_aten: Optional[bool] = None,
 ):
-    """An ``onnxruntime.InferenceSession`` for ``model`` (ModelProto, bytes or path) with
-    libopforge_ort registered.
+    """An ``onnxruntime.InferenceSession`` for ``model`` (ModelProto, bytes or path) with the
+    ORT library of every custom domain the model uses registered, once each (options that
+    already hold a library keep it).
 
-    With ``register_opforge=False`` (a session as a plain ORT user would make it),
-    a model that needs opforge kernels fails with :class:`MissingOpforgeKernels`
-    telling what to register, instead of ORT's bare "not a registered function/op".
-    ``register_aten`` (default: when the model has ``org.pytorch.aten::ATen`` nodes)
-    also registers libopforge_aten.
+    With ``register_libraries=False`` (a session as a plain ORT user would make it), a model
+    that needs custom kernels the session lacks fails with :class:`MissingOrtKernels` naming
+    the ops and what to register, instead of ORT's bare "not a registered function/op".
+    ``register_opforge`` is the older name of ``register_libraries``; ``register_aten=True``
+    also registers libopforge_aten when the model has no ATen node.
     """
     import onnxruntime as ort
 
+    if register_opforge is not None:
+        register_libraries = register_opforge
     so = sess_options if sess_options is not None else ort.SessionOptions()
     if intra_op_num_threads is not None:
         so.intra_op_num_threads = intra_op_num_threads
-    if register_opforge:
-        so.register_custom_ops_library(ort_library_path())
-    data, opforge_ops = _model_bytes_and_domains(model)
-    if register_aten or (register_aten is None and register_opforge and any(o.startswith(_ATEN_DOMAIN) for o in opforge_ops)):
-        so.register_custom_ops_library(aten_library_path())
+    data, proto = _load_model(model)
+    needed = custom_ops(proto)
+    domains = list(needed) if register_libraries else []
+    if register_aten and ATEN_DOMAIN not in domains:
+        domains.append(ATEN_DOMAIN)
+    if register_aten is False and ATEN_DOMAIN in domains:
+        domains.remove(ATEN_DOMAIN)
+    unknown = _register_libraries(so, domains)
     try:
         return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
     except Exception as exc:  # ORT raises its own pybind exception types
-        missing = re.search(r"(\S*opforge\S*) is not a registered function/op", str(exc))
-        if opforge_ops and (missing or "not a registered function/op" in str(exc)):
-            raise MissingOpforgeKernels(
-                f"opforge: the model uses {', '.join(sorted(opforge_ops))} but this ONNX Runtime session has no "
-                f"opforge kernels. Register them before creating the session: {REGISTER_HINT} "
-                f"(for org.pytorch.aten::ATen nodes: opforge.aten_library_path()) "
-                f"(or use opforge.ort_session(model)). ORT said: {exc}"
-            ) from exc
-        raise
+        text = str(exc)
+        if not needed or "not a registered function/op" not in text:
+            raise
+        missing = [d for d in needed if d in unknown or not _has_domain(so, d)]
+        lines = []
+        for domain in missing or list(needed):
+            ops = ", ".join(needed[domain])
+            if domain in unknown:
+                lines.append(f"{ops}: no ONNX Runtime library is known for domain {domain!r}; install the package "
+                             f"that provides it (found through the {ENTRY_POINT_GROUP!r} entry point) or call "
+                             f"opforge.register_ort_library({domain!r}, path)")
+            elif domain == DOMAIN:
+                lines.append(f"{ops}: the session has no opforge kernels; register them before creating it: "
+                             f"{REGISTER_HINT} (or use opforge.ort_session(model))")
+            else:
+                lines.append(f"{ops}: the session has no kernels for domain {domain!r}; register them: "
+                             f"sess_options.register_custom_ops_library(opforge.ort_library_path({domain!r})) "
+                             "(or use opforge.ort_session(model))")
+        raise MissingOrtKernels("opforge: " + "\n  ".join(lines) + f"\nONNX Runtime said: {text}") from exc
 
 
-__all__ = ["aten_library_path", "ort_library_path", "ort_session", "MissingOpforgeKernels", "REGISTER_HINT"]
+
+def check_library_kernels(domain: str, specs=None) -> list[str]:
+    """The ops of ``domain`` that have a registered spec but no kernel in the domain's ORT
+    library (probed by creating one ORT session with a node per op)."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from ..spec import REGISTRY
+
+    specs = [s for s in (specs or REGISTRY.values()) if s.domain == domain]
+    if not specs:
+        return []
+    dummy = {"int": 1, "ints": [1, 1], "float": 1.0, "bool": 0}
+    missing = []
+    for spec in specs:
+        type_name = spec.onnx_types[0][len("tensor("):-1]
+        elem_type = {"float": onnx.TensorProto.FLOAT, "double": onnx.TensorProto.DOUBLE,
+                     "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}.get(
+                         type_name, onnx.TensorProto.FLOAT)
+        inputs = [a.onnx_name for a in spec.tensor_args]
+        node = helper.make_node(spec.name, inputs, list(spec.outputs), domain=domain,
+                                **{a.onnx_name: dummy[a.kind] for a in spec.attr_args})
+        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, elem_type, None) for n in inputs],
+                                  [helper.make_tensor_value_info(o, elem_type, None) for o in spec.outputs])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                        helper.make_opsetid(domain, spec.domain_version)])
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(ort_library_path(domain))
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - only a missing kernel counts here
+            if "not a registered function/op" in str(exc) or "Could not find an implementation" in str(exc):
+                missing.append(spec.onnx_qualname)
+    return missing
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "MissingOpforgeKernels",
+    "MissingOrtKernels",
+    "MissingOrtLibrary",
+    "REGISTER_HINT",
+    "aten_library_path",
+    "check_library_kernels",
+    "custom_ops",
+    "ort_libraries",
+    "ort_library_path",
+    "ort_session",
+    "register_ort_library",
+]

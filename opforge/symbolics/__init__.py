@@ -13,10 +13,9 @@ from .lowering import standard_onnx
 
 
 def register_all() -> None:
-    """Makes every op known to ONNX (schemas) and to the TorchScript exporter."""
-    onnx_schema.register_all()
+    """The ATen pieces ``import opforge`` adds (each op's own rules come with
+    :func:`opforge.register_op`)."""
     aten_fallback.register_schema()
-    torchscript.register_all()
     aten_rules.register_all()
 
 

@@ -1,7 +1,7 @@
 """Dynamo-exporter (``torch.onnx.export(..., dynamo=True)``) translations.
 
-``translation_table()`` maps each ``torch.ops.opforge.<op>.default`` to an
-onnxscript (traced) function emitting the ``opforge::<op>`` node, or, for ops
+``translation_table()`` maps each registered op's ``torch.ops.<namespace>.<op>.default``
+to an onnxscript (traced) function emitting the ``<domain>::<op>`` node, or, for ops
 listed in ``standard_onnx``, the op's standard-ONNX lowering. Pass it as
 ``custom_translation_table``; ``opforge.export`` does that for you.
 """
@@ -63,13 +63,13 @@ def _torch_op(qualname: str):
 
 
 def translation_table(standard_onnx: lowering.StandardOnnx = None, opset_version: int = 18) -> dict:
-    """``{torch op: translation}`` for every opforge op (and its aliases, e.g.
+    """``{torch op: translation}`` for every registered op, built-in or not (and aliases, e.g.
     torchvision::deform_conv2d when torchvision is loaded) at ``opset_version``."""
     policy = lowering.resolve(standard_onnx)
     table = {}
     for spec in REGISTRY.values():
         fn = standard_translation(spec) if policy.use_standard(spec, opset_version) else custom_translation(spec)
-        for qualname in (spec.qualname, *spec.torch_aliases):
+        for qualname in (spec.torch_qualname, *spec.torch_aliases):
             op = _torch_op(qualname)
             if op is not None:
                 table[op] = fn

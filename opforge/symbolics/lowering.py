@@ -9,8 +9,8 @@ for runtimes without our library:
   when the export opset reaches it;
 * ``False``: the custom node for every op, at any opset;
 * ``True``: the standard lowering wherever one exists at the export opset;
-* a set of op names (``{"my_add"}``): those ops standard (an error where the
-  opset has no equivalent), the others auto.
+* a set of op names (``{"my_add"}``, or ``"domain::name"`` where a bare name is
+  ambiguous): those ops standard (an error where the opset has no equivalent), the others auto.
 
     with opforge.symbolics.standard_onnx({"my_add"}):
         torch.onnx.export(model, args, "m.onnx", dynamo=False)
@@ -25,7 +25,7 @@ import contextvars
 import dataclasses
 from typing import Iterable, Iterator, Optional, Union
 
-from ..spec import REGISTRY, OpSpec
+from ..spec import OpSpec, find
 
 StandardOnnx = Union[bool, Iterable[str], None]
 
@@ -39,7 +39,7 @@ class Policy:
     def use_standard(self, spec: OpSpec, opset: Optional[int]) -> bool:
         has_lowering = spec.standard_torchscript is not None or spec.standard_dynamo is not None
         available = has_lowering and (spec.standard_from_opset is None or (opset or 0) >= spec.standard_from_opset)
-        if spec.name in self.forced_standard:
+        if spec.onnx_qualname in self.forced_standard:
             if not available:
                 raise ValueError(
                     f"opforge: {spec.qualname} has no standard-ONNX equivalent at opset {opset} "
@@ -62,14 +62,17 @@ def resolve(standard_onnx: StandardOnnx) -> Policy:
         return Policy(prefer_standard=True)
     if isinstance(standard_onnx, Policy):
         return standard_onnx
-    names = frozenset([standard_onnx] if isinstance(standard_onnx, str) else standard_onnx)
+    names = [standard_onnx] if isinstance(standard_onnx, str) else list(standard_onnx)
+    keys = set()
     for name in names:
-        spec = REGISTRY.get(name)
-        if spec is None:
-            raise ValueError(f"opforge: standard_onnx names unknown op {name!r}; known ops: {sorted(REGISTRY)}")
+        try:
+            spec = find(name)
+        except KeyError as exc:
+            raise ValueError(f"opforge: standard_onnx names unknown op {name!r}: {exc.args[0]}") from None
         if spec.standard_torchscript is None and spec.standard_dynamo is None:
             raise ValueError(f"opforge: {spec.qualname} has no standard-ONNX lowering; export it as the custom op")
-    return Policy(forced_standard=names)
+        keys.add(spec.onnx_qualname)
+    return Policy(forced_standard=frozenset(keys))
 
 
 _policy: contextvars.ContextVar[Policy] = contextvars.ContextVar("opforge_standard_onnx", default=Policy())

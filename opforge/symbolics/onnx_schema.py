@@ -1,6 +1,6 @@
 """``onnx.defs.OpSchema`` for each op of the custom domain, derived from its OpSpec.
 
-Registered with ``onnx.defs.register_schema`` by ``import opforge``, so that
+Registered with ``onnx.defs.register_schema`` by :func:`opforge.register_op`, so that
 ``onnx.checker.check_model(full_check=True)`` and ``onnx.shape_inference`` know
 our ops, and onnxscript can emit them in dynamo translations.
 """
@@ -81,7 +81,11 @@ def _registered(spec: OpSpec) -> bool:
         return False
 
 
+def register(spec: OpSpec) -> None:
+    if not _registered(spec):
+        onnx.defs.register_schema(schema(spec))
+
+
 def register_all() -> None:
     for spec in REGISTRY.values():
-        if not _registered(spec):
-            onnx.defs.register_schema(schema(spec))
+        register(spec)

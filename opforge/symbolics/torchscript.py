@@ -1,9 +1,9 @@
 """TorchScript-exporter (``dynamo=False``) symbolics, derived from each OpSpec.
 
-``register_all()`` (run by ``import opforge``) registers, for every op and every
-opset in ``spec.torchscript_opsets``, a symbolic for the C++ op
-(``opforge::my_add``) with ``torch.onnx.register_custom_op_symbolic``; the ops'
-autograd.Functions reuse the same symbolic from their ``symbolic`` staticmethod.
+``register(spec)`` (run by :func:`opforge.register_op`) registers, for every opset in
+``spec.torchscript_opsets``, a symbolic for the C++ op (``opforge::my_add``) and its
+aliases with ``torch.onnx.register_custom_op_symbolic``; the ops' autograd.Functions
+reuse the same symbolic from their ``symbolic`` staticmethod.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 import torch
 from torch.onnx import symbolic_helper
 
-from ..spec import REGISTRY, AttrArg, OpSpec
+from ..spec import AttrArg, OpSpec
 from . import lowering
 
 # parse_args descriptors and g.op attribute suffixes per attribute kind.
@@ -57,11 +57,7 @@ def symbolic(spec: OpSpec):
 
 
 def register(spec: OpSpec) -> None:
-    for name in (spec.qualname, *spec.torch_aliases):
+    for name in (spec.torch_qualname, *spec.torch_aliases):
         for opset in spec.torchscript_opsets:
             torch.onnx.register_custom_op_symbolic(name, symbolic(spec), opset)
 
-
-def register_all() -> None:
-    for spec in REGISTRY.values():
-        register(spec)

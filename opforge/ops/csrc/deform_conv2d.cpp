@@ -146,6 +146,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
 }
 
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.def(
+      "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
+      "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+      "bool use_mask) -> Tensor");
+  m.def(
+      "_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+      "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, "
+      "int offset_groups, bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("deform_conv2d", &deform_conv2d_cpu);
   m.impl("_deform_conv2d_backward", &deform_conv2d_backward_cpu);

@@ -8,7 +8,7 @@
 
 #include "core/my_add.h"
 #include "my_add_args.h"
-#include "torch_utils.h"
+#include "opforge/torch_op.h"
 
 namespace opforge {
 
@@ -26,6 +26,10 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
                      [&](int64_t begin, int64_t end) { core::my_add_range(plan, pa, pb, po, begin, end); });
   });
   return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.def("my_add(Tensor a, Tensor b) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {

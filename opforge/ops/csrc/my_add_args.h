@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/broadcast.h"
-#include "torch_utils.h"
+#include "opforge/torch_op.h"
 
 namespace opforge {
 

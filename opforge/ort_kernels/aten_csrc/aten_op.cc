@@ -24,7 +24,7 @@
 #endif
 #include <onnxruntime_cxx_api.h>
 
-#include "ort_registration.h"  // from ../csrc
+#include "opforge/ort_library.h"
 
 #include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
@@ -351,16 +351,10 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 #ifdef OPFORGE_WITH_CUDA
   static AtenOp cuda_op(kCudaEp);
 #endif
-  try {
-    Ort::CustomOpDomain domain{kAtenDomain};
-    domain.Add(&cpu_op);
 #ifdef OPFORGE_WITH_CUDA
-    domain.Add(&cuda_op);
+  static const std::vector<AtenOp*> ops{&cpu_op, &cuda_op};
+#else
+  static const std::vector<AtenOp*> ops{&cpu_op};
 #endif
-    Ort::UnownedSessionOptions(options).Add(domain);
-    opforge::ort::keep_domain_alive(std::move(domain));
-  } catch (const std::exception& e) {
-    return Ort::Status(e).release();
-  }
-  return nullptr;
+  return opforge::ort::add_domain(options, "libopforge_aten", kAtenDomain, ops);
 }

@@ -100,7 +100,7 @@ struct DeformConv2dKernel : DeformConv2dAttrs {
   }
 };
 
-void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
+static void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
   for_each_float_type([&](auto tag) {
     using T = decltype(tag);
     ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<T>>("deform_conv2d", kCpuEp));
@@ -109,3 +109,5 @@ void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
 
 }  // namespace ort
 }  // namespace opforge
+
+OPFORGE_ORT_KERNELS(opforge::ort::append_deform_conv2d_ops);

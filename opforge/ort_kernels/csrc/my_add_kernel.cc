@@ -47,7 +47,7 @@ Ort::Status my_add_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& 
   return Ort::Status(nullptr);
 }
 
-void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
+static void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
   // One kernel per element type under the same name: ORT picks by input type.
   for_each_float_type([&](auto tag) {
     ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<decltype(tag)>));
@@ -56,3 +56,5 @@ void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
 
 }  // namespace ort
 }  // namespace opforge
+
+OPFORGE_ORT_KERNELS(opforge::ort::append_my_add_ops);

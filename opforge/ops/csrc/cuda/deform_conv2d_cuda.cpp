@@ -15,10 +15,10 @@
 
 #include <tuple>
 
-#include "cuda_utils.h"
+#include "opforge/torch_cuda.h"
 #include "deform_conv2d_args.h"
 #include "deform_conv2d_batched.h"
-#include "torch_utils.h"
+#include "opforge/torch_op.h"
 
 namespace opforge {
 namespace {

@@ -5,7 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "cuda_utils.h"
+#include "opforge/torch_cuda.h"
 #include "my_add_args.h"
 
 namespace opforge {

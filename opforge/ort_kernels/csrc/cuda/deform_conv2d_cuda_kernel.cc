@@ -9,7 +9,8 @@
 #include <algorithm>
 
 #include "core/deform_conv2d_gpu.h"
-#include "ort_cuda.h"
+#include "opforge/ort_cuda.h"
+#include "ort_common.h"
 
 namespace opforge {
 namespace ort {
@@ -109,7 +110,7 @@ struct DeformConv2dCudaKernel : DeformConv2dAttrs {
   }
 };
 
-void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
+static void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
   for_each_float_type([&](auto tag) {
     using T = decltype(tag);
     ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dCudaKernel<T>>("deform_conv2d", kCudaEp));
@@ -118,3 +119,5 @@ void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
 
 }  // namespace ort
 }  // namespace opforge
+
+OPFORGE_ORT_KERNELS(opforge::ort::append_deform_conv2d_cuda_ops);

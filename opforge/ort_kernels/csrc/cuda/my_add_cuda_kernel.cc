@@ -1,7 +1,8 @@
 // ORT CUDA-EP kernel of opforge::my_add: the CPU kernel's checks and
 // broadcasting plan (my_add_plan), then the shared CUDA core on ORT's compute
 // stream — the same kernels torch's CUDA path launches.
-#include "ort_cuda.h"
+#include "opforge/ort_cuda.h"
+#include "ort_common.h"
 
 namespace opforge {
 namespace ort {
@@ -19,7 +20,7 @@ Ort::Status my_add_cuda_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor
                      "opforge::my_add", "CUDA kernel launch");
 }
 
-void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
+static void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
   for_each_float_type([&](auto tag) {
     ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCudaEp, my_add_cuda_compute<decltype(tag)>));
   });
@@ -27,3 +28,5 @@ void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
 
 }  // namespace ort
 }  // namespace opforge
+
+OPFORGE_ORT_KERNELS(opforge::ort::append_my_add_cuda_ops);

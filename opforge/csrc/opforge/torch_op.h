@@ -1,6 +1,7 @@
-// Small helpers shared by the torch-side kernels: argument checks that raise
-// clear Python exceptions (TypeError / ValueError naming op and argument) and
-// the mapping of torch storage types onto the compute cores' types.
+// opforge's torch glue for an op's torch kernels (installed with opforge; add
+// opforge.build.include_paths() to the include path): the mapping of torch
+// storage types onto the compute cores' types, and argument checks that raise
+// clear Python exceptions (TypeError / ValueError naming op and argument).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -80,3 +81,4 @@ inline void check_same_device(const char* op,
 inline std::string shape_str(at::IntArrayRef s) { return core::dims_str(s.data(), s.size()); }
 
 }  // namespace opforge
+

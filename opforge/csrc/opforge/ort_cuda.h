@@ -1,5 +1,5 @@
-// CUDA plumbing of the ORT kernels: ORT's compute stream, stream-ordered
-// scratch memory, cuBLAS, and CUDA/cuBLAS errors as ORT statuses.
+// opforge's ORT CUDA-EP glue: ORT's compute stream, the node's device,
+// stream-ordered scratch memory, cuBLAS, and CUDA/cuBLAS errors as ORT statuses.
 #pragma once
 
 #include <cublas_v2.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/cuda/launch.h"
-#include "ort_common.h"
+#include "opforge/ort_op.h"
 
 namespace opforge {
 namespace ort {

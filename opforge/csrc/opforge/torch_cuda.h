@@ -1,4 +1,4 @@
-// Torch-side CUDA helpers: dtype mapping onto the cores' launch API, the
+// opforge's torch CUDA glue: dtype mapping onto the cores' launch API, the
 // caller's stream, and launch-status checks that raise naming the op.
 #pragma once
 

@@ -1,0 +1,478 @@
+"""Build helpers for a package's own ops (and opforge's own build): the torch extension
+and the ONNX Runtime custom-op library from the package's sources, with opforge's C++
+headers, ORT's headers and one CUDA switch.
+
+In a package's ``setup.py``::
+
+    from setuptools import setup
+    from opforge.build import OrtLibrary, TorchExtension, build_ext
+
+    setup(
+        ext_modules=[
+            TorchExtension("my_ops._C", ["my_ops/csrc/swish_torch.cpp"],
+                           cuda_sources=["my_ops/csrc/swish_torch_cuda.cu"]),
+            OrtLibrary("my_ops.libmy_ops_ort", ["my_ops/csrc/swish_ort.cc"],
+                       cuda_sources=["my_ops/csrc/swish_ort_cuda.cu"]),
+        ],
+        cmdclass={"build_ext": build_ext()},
+    )
+
+Build it with ``pip install --no-build-isolation -e .`` (an isolated build would download
+torch again). ``OPFORGE_CUDA=auto|1|0`` decides about ``cuda_sources`` for every library
+(auto: when torch is a CUDA build and nvcc + cuBLAS headers exist; 1: required; 0: never);
+in a CUDA build ``OPFORGE_WITH_CUDA`` is defined. Objects are kept in ``build/`` and
+rebuilt by ninja only when their source or a header it includes changed.
+
+In a notebook, :func:`load` (torch extension) and :func:`load_ort_library` build and
+load the same sources just in time.
+
+This module imports nothing from the rest of opforge (opforge's own setup.py loads it
+by path, before opforge is built).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: opforge's C++ headers: ``core/`` (compute-core utilities: broadcasting, 16-bit floats,
+#: CPU ISA dispatch, host/device macros, CUDA launch) and ``opforge/`` (torch glue,
+#: ORT lite-op registration, CUDA-EP stream glue).
+CSRC_DIR = PACKAGE_DIR / "csrc"
+#: Where opforge's build copies ORT's headers, so installed opforge ships them.
+BUNDLED_ORT_INCLUDE = PACKAGE_DIR / "include" / "onnxruntime"
+ORT_EXPORTS_MAP = CSRC_DIR / "opforge" / "ort_exports.map"
+ORT_HEADER = "onnxruntime_cxx_api.h"
+ORT_LITE_HEADER = "onnxruntime_lite_custom_op.h"
+#: The Debian package (trixie: ORT 1.21) fetch_ort_headers takes the headers from.
+ORT_HEADERS_DEB = "libonnxruntime-dev"
+
+NVCC_FLAGS = ["-O3", "-std=c++17", "-DOPFORGE_WITH_CUDA", "--expt-relaxed-constexpr", "-Xcompiler",
+              "-fvisibility=hidden"]
+
+
+def _log(msg: str) -> None:
+    print(f"opforge.build: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- ONNX Runtime headers -------------------------------------------------------------
+
+
+def _has_ort_headers(d) -> bool:
+    return d is not None and os.path.isfile(os.path.join(d, ORT_HEADER)) and os.path.isfile(
+        os.path.join(d, ORT_LITE_HEADER))
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "opforge"
+
+
+def _ort_candidates(extra: Sequence[str] = ()) -> list[str]:
+    return [*extra, str(BUNDLED_ORT_INCLUDE), str(cache_dir() / "onnxruntime" / "include" / "onnxruntime"),
+            "/usr/include/onnxruntime", "/usr/local/include/onnxruntime"]
+
+
+def ort_include_dir(*, fetch: bool = True, extra_candidates: Sequence[str] = ()) -> str:
+    """The directory holding ORT's C/C++ headers (``onnxruntime_cxx_api.h`` and the lite
+    custom-op API, ORT >= 1.21): ``OPFORGE_ORT_INCLUDE_DIR``, else the copy installed with
+    opforge, opforge's cache, a system install; else (``fetch=True``) fetched into the cache
+    by :func:`fetch_ort_headers`."""
+    explicit = os.environ.get("OPFORGE_ORT_INCLUDE_DIR")
+    if explicit:
+        if not _has_ort_headers(explicit):
+            raise FileNotFoundError(f"opforge: OPFORGE_ORT_INCLUDE_DIR={explicit} has no {ORT_HEADER} and "
+                                    f"{ORT_LITE_HEADER}")
+        return explicit
+    for c in _ort_candidates(extra_candidates):
+        if _has_ort_headers(c):
+            return c
+    if fetch:
+        return fetch_ort_headers()
+    raise FileNotFoundError(
+        "opforge: ONNX Runtime C/C++ headers (onnxruntime_cxx_api.h, onnxruntime_lite_custom_op.h, ORT >= 1.21) "
+        f"not found in {', '.join(_ort_candidates(extra_candidates))}. Fetch them with `opforge fetch-ort-headers`, "
+        "or point OPFORGE_ORT_INCLUDE_DIR at a directory containing onnxruntime_cxx_api.h."
+    )
+
+
+def fetch_ort_headers(dest: Optional[os.PathLike] = None, *, force: bool = False) -> str:
+    """Fetches ORT's C/C++ headers (no pip wheel ships them) from Debian trixie's
+    ``libonnxruntime-dev`` into ``dest`` (default: opforge's cache) and returns the include
+    directory. Uses a private apt state: the system's apt sources are not touched and
+    nothing is installed. Needs apt-get and dpkg (Debian/Ubuntu)."""
+    dest = Path(dest) if dest is not None else cache_dir() / "onnxruntime"
+    include = dest / "include" / "onnxruntime"
+    if _has_ort_headers(include) and not force:
+        return str(include)
+    for tool in ("apt-get", "dpkg"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"opforge fetch-ort-headers: needs {tool} (Debian/Ubuntu); elsewhere get ONNX Runtime's "
+                               "headers (e.g. its release archive) and set OPFORGE_ORT_INCLUDE_DIR")
+    with tempfile.TemporaryDirectory(prefix="opforge-ort-headers-") as tmp:
+        work = Path(tmp)
+        (work / "lists" / "partial").mkdir(parents=True)
+        (work / "cache" / "archives" / "partial").mkdir(parents=True)
+        keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+        signed = f"[signed-by={keyring}] " if os.path.isfile(keyring) else ""
+        (work / "sources.list").write_text(f"deb {signed}http://deb.debian.org/debian trixie main\n")
+        opts = ["-o", f"Dir::Etc::SourceList={work / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+                "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
+                "-o", "Dir::State::Status=/dev/null", "-o", "APT::Architecture=amd64", "-o", "Debug::NoLocking=1",
+                "-o", "APT::Sandbox::User=root", "-q"]
+        _log(f"fetching Debian trixie's {ORT_HEADERS_DEB} (ONNX Runtime 1.21 headers) ...")
+        for step in (["update"], ["download", ORT_HEADERS_DEB]):
+            run = subprocess.run(["apt-get", *opts, *step], cwd=work, capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError(f"opforge fetch-ort-headers: apt-get {step[0]} failed: {run.stderr.strip()[-2000:]}")
+        debs = sorted(work.glob(f"{ORT_HEADERS_DEB}_*.deb"))
+        if not debs:
+            raise RuntimeError(f"opforge fetch-ort-headers: apt-get downloaded no {ORT_HEADERS_DEB} package")
+        subprocess.run(["dpkg", "-x", str(debs[0]), str(work / "x")], check=True)
+        include.parent.mkdir(parents=True, exist_ok=True)
+        if include.exists():
+            shutil.rmtree(include)
+        shutil.copytree(work / "x" / "usr" / "include" / "onnxruntime", include)
+        (dest / "SOURCE").write_text(debs[0].name + "\n")
+    _log(f"ONNX Runtime headers in {include} ({debs[0].name})")
+    return str(include)
+
+
+def include_paths(*, ort: bool = True, cuda: bool = False) -> list[str]:
+    """Include directories for a package's kernels: opforge's headers (``#include
+    "opforge/torch_op.h"``, ``"opforge/ort_op.h"``, ``"core/half.h"`` ...), ORT's headers
+    (``ort=True``; fetched if needed) and, with ``cuda=True``, the CUDA toolkit's."""
+    paths = [str(CSRC_DIR)]
+    if ort:
+        paths.append(ort_include_dir())
+    if cuda:
+        paths += cuda_include_dirs()
+    return paths
+
+
+# ---- CUDA -----------------------------------------------------------------------------
+
+
+def resolve_cuda_home() -> None:
+    """Sets CUDA_HOME for torch.utils.cpp_extension, which reads it once at import. Its own
+    guess takes the parent of `which nvcc`, wrong for wrapper scripts such as
+    /usr/local/bin/nvcc: prefer /usr/local/cuda, then nvcc's real location."""
+    if os.environ.get("CUDA_HOME") or cuda_mode() == "0":
+        return
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+        return
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        if os.path.isdir(os.path.join(home, "include")):
+            os.environ["CUDA_HOME"] = home
+
+
+def cuda_mode() -> str:
+    """``OPFORGE_CUDA``: ``auto`` (default), ``1`` or ``0``."""
+    mode = os.environ.get("OPFORGE_CUDA", "auto").strip().lower()
+    if mode in ("0", "off", "false", "no", ""):
+        return "0"
+    if mode in ("1", "on", "true", "yes"):
+        return "1"
+    if mode != "auto":
+        raise ValueError(f"opforge: OPFORGE_CUDA={mode!r}; use auto, 1 or 0")
+    return "auto"
+
+
+def _site_packages() -> Path:
+    import torch
+
+    return Path(torch.__file__).resolve().parent.parent
+
+
+def nvidia_dir(*parts: str) -> str:
+    """site-packages/nvidia/cu13/<parts>: the CUDA runtime, cuBLAS and headers torch's wheels ship."""
+    return str(_site_packages().joinpath("nvidia", "cu13", *parts))
+
+
+def cuda_include_dirs() -> list[str]:
+    resolve_cuda_home()
+    from torch.utils import cpp_extension
+
+    dirs = [os.path.join(cpp_extension.CUDA_HOME or "/usr/local/cuda", "include")]
+    if os.path.isdir(nvidia_dir("include")):
+        dirs.append(nvidia_dir("include"))  # cublas_v2.h (not in every toolkit install)
+    return dirs
+
+
+def find_cuda_lib(stem: str) -> Optional[str]:
+    """Full path of a CUDA runtime library (``libcublas``, CUDA 13 or 12): torch's nvidia
+    wheels first (what torch and onnxruntime-gpu load at run time), else the toolkit."""
+    from torch.utils import cpp_extension
+
+    for d in (nvidia_dir("lib"), os.path.join(cpp_extension.CUDA_HOME or "", "lib64")):
+        for name in (f"{stem}.so.13", f"{stem}.so.12", f"{stem}.so"):
+            if os.path.isfile(os.path.join(d, name)):
+                return os.path.join(d, name)
+    return None
+
+
+_CUDA_DECISION: Optional[bool] = None
+
+
+def cuda_enabled() -> bool:
+    """Whether this build compiles ``cuda_sources`` (decided once per process, says why)."""
+    global _CUDA_DECISION
+    if _CUDA_DECISION is not None:
+        return _CUDA_DECISION
+    mode = cuda_mode()
+    if mode == "0":
+        _CUDA_DECISION = False
+        return False
+    resolve_cuda_home()
+    import torch
+    from torch.utils import cpp_extension
+
+    missing = []
+    if torch.version.cuda is None:
+        missing.append(f"torch {torch.__version__} is not a CUDA build")
+    if cpp_extension.CUDA_HOME is None or not os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")):
+        missing.append(f"no nvcc (CUDA_HOME={cpp_extension.CUDA_HOME!r})")
+    elif not any(os.path.isfile(os.path.join(d, "cublas_v2.h")) for d in cuda_include_dirs()):
+        missing.append("no cublas_v2.h (pip nvidia-cublas or a full CUDA toolkit)")
+    elif not (find_cuda_lib("libcublas") and find_cuda_lib("libcudart")):
+        missing.append("no libcublas / libcudart")
+    if missing and mode == "1":
+        raise RuntimeError("opforge: OPFORGE_CUDA=1 but " + "; ".join(missing) + ". Set CUDA_HOME, or OPFORGE_CUDA=0.")
+    _CUDA_DECISION = not missing
+    if missing:
+        _log("building CPU-only (" + "; ".join(missing) + ")")
+    else:
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+            # No GPU to ask: Ampere + Hopper SASS, and Hopper PTX for newer GPUs to JIT.
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+        _log(f"building CUDA kernels (CUDA_HOME={cpp_extension.CUDA_HOME}, "
+             f"archs {os.environ.get('TORCH_CUDA_ARCH_LIST', 'of the visible GPUs')})")
+    return _CUDA_DECISION
+
+
+# ---- compiler flags and run-time search paths -----------------------------------------
+
+
+def opt_flags() -> list[str]:
+    """``-O3 -g0``; ``OPFORGE_DEBUG=1``: ``-O0 -g``."""
+    return ["-O0", "-g"] if os.environ.get("OPFORGE_DEBUG") == "1" else ["-O3", "-g0"]
+
+
+def _is_temporary(path: str) -> bool:
+    real = os.path.realpath(path)
+    return "pip-build-env" in real or real.startswith(os.path.realpath(tempfile.gettempdir()) + os.sep)
+
+
+def rpath_flags(lib_dirs: Iterable[str], module_name: str) -> list[str]:
+    """Run-time search paths for a library ``module_name`` (``pkg.sub.libfoo``) that needs
+    libraries in ``lib_dirs`` (inside site-packages: torch/lib, nvidia/cu13/lib): first
+    relative to the library itself (``$ORIGIN/..``), which holds wherever the package is
+    installed next to those wheels; then the absolute directory, for editable installs
+    (whose sources live outside site-packages) — except a temporary build env's."""
+    depth = module_name.count(".")  # pkg/libfoo.so -> 1 level below site-packages
+    site = _site_packages()
+    flags = []
+    for d in lib_dirs:
+        d = os.path.realpath(d)
+        try:
+            rel = os.path.relpath(d, site)
+        except ValueError:
+            rel = None
+        if rel is not None and not rel.startswith(".."):
+            flags.append("-Wl,-rpath,$ORIGIN/" + "/".join([".."] * depth + [rel]))
+        if not _is_temporary(d):
+            flags.append(f"-Wl,-rpath,{d}")
+    return flags + ["-Wl,-z,origin"]
+
+
+# ---- extensions -----------------------------------------------------------------------
+
+
+def _paths(sources: Iterable[str]) -> list[str]:
+    out = []
+    for s in sources:
+        hits = sorted(glob.glob(s)) if any(ch in s for ch in "*?[") else [s]
+        out += hits
+    return out
+
+
+def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
+                   include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
+                   extra_nvcc_flags: Sequence[str] = (), **kwargs):
+    """A torch extension (``torch.utils.cpp_extension`` CppExtension, or CUDAExtension with
+    ``cuda_sources`` when :func:`cuda_enabled`) with opforge's headers and flags: -O3,
+    OpenMP (``at::parallel_for`` is an inline OpenMP region, serial without it), hidden
+    visibility, ``OPFORGE_WITH_CUDA`` in CUDA builds. Sources may be glob patterns."""
+    resolve_cuda_home()
+    from torch.utils import cpp_extension
+
+    cxx = opt_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas", *extra_cxx_flags]
+    common = dict(include_dirs=[str(CSRC_DIR), *include_dirs], define_macros=list(define_macros),
+                  extra_link_args=["-fopenmp", *kwargs.pop("extra_link_args", [])], py_limited_api=True, **kwargs)
+    srcs = _paths(sources)
+    if cuda_sources and cuda_enabled():
+        common["include_dirs"] += cuda_include_dirs()
+        return cpp_extension.CUDAExtension(
+            name, srcs + _paths(cuda_sources),
+            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS + list(extra_nvcc_flags)},
+            **common)
+    return cpp_extension.CppExtension(name, srcs, extra_compile_args={"cxx": cxx}, **common)
+
+
+def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
+               include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
+               extra_nvcc_flags: Sequence[str] = (), ort_include_candidates: Sequence[str] = ()):
+    """An ONNX Runtime custom-op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``, no
+    Python ABI suffix) from ``sources``: links neither libonnxruntime nor libtorch
+    (``ORT_API_MANUAL_INIT``; the running ORT hands over its API), exports only
+    ``RegisterCustomOps``. With ``cuda_sources`` in a CUDA build, it also gets the CUDA EP
+    kernels and links the CUDA runtime and cuBLAS of torch's nvidia wheels, found through
+    ``$ORIGIN``-relative run paths."""
+    from setuptools import Extension
+
+    cxx = opt_flags() + ["-std=c++17", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT", *extra_cxx_flags]
+    link = [f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed"]
+    incs = [str(CSRC_DIR), *include_dirs, ort_include_dir(extra_candidates=ort_include_candidates)]
+    srcs = _paths(sources)
+    if cuda_sources and cuda_enabled():
+        libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
+        ext = Extension(name, sources=srcs + _paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
+                        define_macros=list(define_macros), language="c++",
+                        extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"],
+                                            "nvcc": NVCC_FLAGS + list(extra_nvcc_flags)},
+                        extra_link_args=link + libs + rpath_flags(sorted({os.path.dirname(p) for p in libs}), name),
+                        py_limited_api=False)
+    else:
+        ext = Extension(name, sources=srcs, include_dirs=incs, define_macros=list(define_macros), language="c++",
+                        extra_compile_args=cxx, extra_link_args=link, py_limited_api=False)
+    ext.opforge_plain_library = True  # build_ext names it libfoo.so and exports nothing Python needs
+    return ext
+
+
+def build_ext(*, build_dir: Optional[str] = None):
+    """The ``build_ext`` command class: torch's BuildExtension (ninja, ABI flags) plus plain
+    library names for :func:`OrtLibrary` and a persistent build directory (``build/`` next to
+    setup.py), so a rebuild recompiles only what changed, also under ``pip install -e``."""
+    from torch.utils.cpp_extension import BuildExtension
+
+    class OpforgeBuildExt(BuildExtension):
+        def finalize_options(self):
+            super().finalize_options()
+            root = build_dir or os.path.join(os.getcwd(), "build")
+            tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+            self.build_temp = os.path.join(root, f"temp.{tag}")
+
+        def _plain(self, fullname: str) -> Optional[str]:
+            for ext in self.extensions:
+                if getattr(ext, "opforge_plain_library", False) and fullname in (ext.name, ext.name.rsplit(".", 1)[-1]):
+                    return ext.name
+            return None
+
+        def get_ext_filename(self, fullname):
+            # A dlopen()ed library, not a Python module: no ABI suffix. distutils asks with the
+            # full dotted name and with just the last component.
+            plain = self._plain(fullname)
+            if plain is not None:
+                return os.path.join(*fullname.split(".")) + ".so"
+            return super().get_ext_filename(fullname)
+
+        def get_export_symbols(self, ext):
+            return [] if getattr(ext, "opforge_plain_library", False) else super().get_export_symbols(ext)
+
+    return OpforgeBuildExt.with_options(use_ninja=True)
+
+
+# ---- just in time (notebooks) ---------------------------------------------------------
+
+
+def load(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (), extra_include_paths=(),
+         extra_cflags=(), build_directory: Optional[str] = None, verbose: bool = False) -> str:
+    """Builds (incrementally, in a cache directory) and loads a torch extension from ``sources``,
+    like ``torch.utils.cpp_extension.load`` but with opforge's headers and flags; its
+    ``TORCH_LIBRARY`` ops are then in ``torch.ops``. Returns the library path. Register the
+    ops' specs with ``opforge.register_op`` afterwards."""
+    resolve_cuda_home()
+    from torch.utils import cpp_extension
+
+    with_cuda = bool(cuda_sources) and cuda_enabled()
+    srcs = [os.path.abspath(s) for s in _paths(sources) + (_paths(cuda_sources) if with_cuda else [])]
+    flags = opt_flags() + ["-fopenmp", "-fvisibility=hidden", *(["-DOPFORGE_WITH_CUDA"] if with_cuda else []),
+                           *extra_cflags]
+    build_directory = build_directory or str(cache_dir() / "jit" / name)
+    os.makedirs(build_directory, exist_ok=True)
+    # is_python_module=False: built as a plain library and loaded with torch.ops.load_library
+    return cpp_extension.load(name, srcs, extra_cflags=flags, extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
+                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC_DIR), *extra_include_paths],
+                              build_directory=build_directory, verbose=verbose, is_python_module=False,
+                              with_cuda=with_cuda)
+
+
+def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str] = None,
+                     include_dirs: Sequence[str] = (), extra_cflags: Sequence[str] = (),
+                     build_directory: Optional[str] = None, verbose: bool = False) -> str:
+    """Builds (incrementally: ninja, one object per source, header dependencies tracked) an ORT
+    custom-op library ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path;
+    with ``domain``, also ``opforge.register_ort_library(domain, path)``."""
+    build_directory = Path(build_directory or cache_dir() / "jit" / f"ort_{name}")
+    build_directory.mkdir(parents=True, exist_ok=True)
+    srcs = [os.path.abspath(s) for s in _paths(sources)]
+    incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
+    cxx = os.environ.get("CXX", "c++")
+    cflags = ["-fPIC", "-std=c++17", *opt_flags(), "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT",
+              *(f"-I{d}" for d in incs), *extra_cflags]
+    out = build_directory / f"lib{name}.so"
+    objs = [f"obj_{i}_{Path(s).stem}.o" for i, s in enumerate(srcs)]
+    q = shlex.quote
+    lines = ["ninja_required_version = 1.3", f"cxx = {cxx}", f"cflags = {' '.join(q(f) for f in cflags)}",
+             f"ldflags = -shared -Wl,--version-script={q(str(ORT_EXPORTS_MAP))} -Wl,--as-needed",
+             "rule compile", "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out", "  depfile = $out.d",
+             "  deps = gcc", "rule link", "  command = $cxx $in $ldflags -o $out"]
+    ninja_escape = lambda p: p.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")  # noqa: E731
+    lines += [f"build {o}: compile {ninja_escape(s)}" for o, s in zip(objs, srcs)]
+    lines += [f"build {ninja_escape(str(out))}: link {' '.join(objs)}", f"default {ninja_escape(str(out))}"]
+    text = "\n".join(lines) + "\n"
+    ninja_file = build_directory / "build.ninja"
+    if not ninja_file.is_file() or ninja_file.read_text() != text:
+        ninja_file.write_text(text)
+    ninja = shutil.which("ninja") or os.path.join(os.path.dirname(sys.executable), "ninja")
+    run = subprocess.run([ninja, "-C", str(build_directory)] + (["-v"] if verbose else []), capture_output=True,
+                         text=True)
+    if verbose or run.returncode != 0:
+        print(run.stdout + run.stderr, file=sys.stderr)
+    if run.returncode != 0:
+        raise RuntimeError(f"opforge.build.load_ort_library: building lib{name}.so failed (see the compiler output above)")
+    if domain is not None:
+        from .ort_kernels import register_ort_library
+
+        register_ort_library(domain, str(out), provider=f"opforge.build.load_ort_library({name!r})", replace=True)
+    return str(out)
+
+
+def _main(argv=None) -> int:
+    """``python opforge/build.py fetch-ort-headers [--dest DIR]``: usable before opforge is built."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="opforge.build")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch-ort-headers")
+    fetch.add_argument("--dest", default=None)
+    fetch.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    print(fetch_ort_headers(args.dest, force=args.force))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

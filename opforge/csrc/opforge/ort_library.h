@@ -1,0 +1,101 @@
+// What every ORT custom-op library built on opforge does in RegisterCustomOps
+// besides adding its kernels: negotiate the API version, register its domain
+// at most once per SessionOptions, and keep domain objects alive.
+//
+//   #include "opforge/ort_library.h"
+//   OPFORGE_ORT_LIBRARY("libmy_ops_ort", "com.example")   // once per library
+//
+// defines the library's only exported symbol, RegisterCustomOps, serving every
+// kernel registered with OPFORGE_ORT_KERNELS in the ONNX domain "com.example".
+#pragma once
+
+#ifndef ORT_API_MANUAL_INIT
+#define ORT_API_MANUAL_INIT
+#endif
+#include <onnxruntime_cxx_api.h>
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace opforge {
+namespace ort {
+
+// Initialises the C++ API with the version these headers were built for. The C
+// API is append-only, so any newer runtime serves it; an older one returns null,
+// and then *error is set to a status naming the needed version (built with API
+// version 1, which every runtime has).
+inline bool init_api(const OrtApiBase* api_base, const char* library, OrtStatus** error) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    const OrtApi* v1 = api_base->GetApi(1);
+    const std::string msg = std::string("opforge: ") + library + " needs ONNX Runtime API version " +
+                            std::to_string(ORT_API_VERSION) + " (onnxruntime >= 1." + std::to_string(ORT_API_VERSION) +
+                            "), but this runtime is onnxruntime " + api_base->GetVersionString() + "; upgrade onnxruntime";
+    *error = v1 ? v1->CreateStatus(ORT_NOT_IMPLEMENTED, msg.c_str()) : nullptr;
+    return false;
+  }
+  Ort::InitApi(api);
+  return true;
+}
+
+// Each registration makes a domain object that must outlive the sessions using
+// it; keep them all until the library is unloaded.
+inline void keep_domain_alive(Ort::CustomOpDomain&& domain) {
+  static std::vector<Ort::CustomOpDomain> domains;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  domains.push_back(std::move(domain));
+}
+
+// The session-config key marking "domain D is registered in these options, by
+// library L". ORT refuses a custom domain added twice to one SessionOptions
+// ("Domain already set in registry", at session creation, too late to undo),
+// so registering a library again is made a no-op, and a second library for
+// the same domain a clear error. opforge.ort_session reads the same key.
+inline std::string domain_config_key(const std::string& domain) { return "opforge.custom_domain." + domain; }
+
+// Adds `ops` to `options` as the custom domain `domain` (see domain_config_key).
+template <typename OpRange>
+OrtStatus* add_domain(OrtSessionOptions* options, const char* library, const char* domain, const OpRange& ops) {
+  try {
+    Ort::UnownedSessionOptions session_options(options);
+    const std::string key = domain_config_key(domain);
+    if (session_options.HasConfigEntry(key.c_str())) {
+      const std::string owner = session_options.GetConfigEntry(key.c_str());
+      if (owner == library) return nullptr;
+      const std::string msg = std::string("opforge: ") + library + " serves the ONNX domain '" + domain +
+                              "', which these SessionOptions already have from " + owner +
+                              "; ONNX Runtime allows one custom-op library per domain";
+      return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT).release();
+    }
+    Ort::CustomOpDomain custom_domain{domain};
+    for (const auto& op : ops) custom_domain.Add(&*op);
+    session_options.Add(custom_domain);
+    session_options.AddConfigEntry(key.c_str(), library);
+    keep_domain_alive(std::move(custom_domain));
+  } catch (const Ort::Exception& e) {
+    return Ort::Status(e).release();
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
+  return nullptr;
+}
+
+}  // namespace ort
+}  // namespace opforge
+
+// Defines RegisterCustomOps for a library whose kernels registered themselves
+// with OPFORGE_ORT_KERNELS (needs ort_op.h): all of them, in ONNX domain `domain`.
+#define OPFORGE_ORT_LIBRARY(library, domain)                                                                 \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(            \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                                          \
+    OrtStatus* opforge_error = nullptr;                                                                  \
+    if (!::opforge::ort::init_api(api_base, library, &opforge_error)) return opforge_error;             \
+    try {                                                                                                \
+      return ::opforge::ort::add_domain(options, library, domain, ::opforge::ort::registered_kernels()); \
+    } catch (const std::exception& e) {                                                                  \
+      return Ort::Status(e).release();                                                                   \
+    }                                                                                                    \
+  }

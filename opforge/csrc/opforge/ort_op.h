@@ -1,0 +1,131 @@
+// opforge's ONNX Runtime glue for an op's ORT kernels (lite custom-op API;
+// installed with opforge, add opforge.build.include_paths() to the include
+// path): storage-type mapping onto the compute cores, ORT's intra-op thread
+// pool, one kernel per float type, error statuses, and the kernel registry a
+// library's source files add themselves to (OPFORGE_ORT_KERNELS), which
+// OPFORGE_ORT_LIBRARY (ort_library.h) hands to ORT.
+#pragma once
+
+// The library is loaded by an already running ORT: no static API lookup, the
+// OrtApi comes from RegisterCustomOps' argument (ort_library.h).
+#ifndef ORT_API_MANUAL_INIT
+#define ORT_API_MANUAL_INIT
+#endif
+#include <onnxruntime_cxx_api.h>
+#include <onnxruntime_lite_custom_op.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/format.h"
+#include "core/half.h"
+
+namespace opforge {
+namespace ort {
+
+inline constexpr const char* kCpuEp = "CPUExecutionProvider";
+inline constexpr const char* kCudaEp = "CUDAExecutionProvider";
+
+using LiteOpPtr = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
+
+// ORT storage type -> compute-core scalar type (identical bit layout).
+template <typename T>
+struct core_scalar {
+  using type = T;
+};
+template <>
+struct core_scalar<Ort::Float16_t> {
+  using type = core::float16_t;
+};
+template <>
+struct core_scalar<Ort::BFloat16_t> {
+  using type = core::bfloat16_t;
+};
+static_assert(sizeof(Ort::Float16_t) == 2 && sizeof(Ort::BFloat16_t) == 2, "16-bit layouts");
+
+template <typename T>
+const typename core_scalar<T>::type* core_ptr(const T* p) {
+  return reinterpret_cast<const typename core_scalar<T>::type*>(p);
+}
+template <typename T>
+typename core_scalar<T>::type* core_ptr(T* p) {
+  return reinterpret_cast<typename core_scalar<T>::type*>(p);
+}
+
+inline std::string shape_str(const std::vector<int64_t>& s) { return core::dims_str(s.data(), s.size()); }
+
+inline Ort::Status invalid_argument(const std::string& msg) {
+  return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT);
+}
+
+// Splits [0, total) into grain-sized slices and runs body(begin, end) on ORT's
+// intra-op thread pool (so the session's intra_op_num_threads is honoured).
+template <typename Body>
+void parallel_for(OrtKernelContext* ctx, int64_t total, int64_t grain, const Body& body) {
+  const int64_t tasks = (total + grain - 1) / grain;
+  if (tasks <= 1) {
+    body(int64_t(0), total);
+    return;
+  }
+  struct Job {
+    const Body* body;
+    int64_t total, grain;
+  } job{&body, total, grain};
+  Ort::KernelContext(ctx).ParallelFor(
+      [](void* p, size_t i) {
+        const Job& j = *static_cast<const Job*>(p);
+        const int64_t begin = static_cast<int64_t>(i) * j.grain;
+        const int64_t end = begin + j.grain < j.total ? begin + j.grain : j.total;
+        (*j.body)(begin, end);
+      },
+      static_cast<size_t>(tasks), 0, &job);
+}
+
+// Calls fn(T{}) for each element type the kernels support (float, double,
+// float16, bfloat16): registration registers one kernel per type under one name.
+template <typename Fn>
+void for_each_float_type(Fn&& fn) {
+  fn(float{});
+  fn(double{});
+  fn(Ort::Float16_t{});
+  fn(Ort::BFloat16_t{});
+}
+
+// ---- kernel registry ---------------------------------------------------------------
+// Each kernel source file registers a function that appends its kernels
+// (OPFORGE_ORT_KERNELS(append_my_op_kernels)), so adding an op touches no
+// central list. The functions run once, on the first RegisterCustomOps, after
+// the ORT API is initialised (kernel objects are created then, never at load).
+using AppendKernels = void (*)(std::vector<LiteOpPtr>&);
+
+inline std::vector<AppendKernels>& kernel_appenders() {
+  static std::vector<AppendKernels> appenders;
+  return appenders;
+}
+
+// Kernel definitions, created once and never freed: ORT keeps raw pointers to
+// them in every session that registered the library.
+inline const std::vector<LiteOpPtr>& registered_kernels() {
+  static const std::vector<LiteOpPtr> kernels = [] {
+    std::vector<LiteOpPtr> v;
+    for (AppendKernels append : kernel_appenders()) append(v);
+    return v;
+  }();
+  return kernels;
+}
+
+struct KernelRegistrar {
+  explicit KernelRegistrar(AppendKernels append) { kernel_appenders().push_back(append); }
+};
+
+}  // namespace ort
+}  // namespace opforge
+
+#define OPFORGE_ORT_CONCAT_INNER(a, b) a##b
+#define OPFORGE_ORT_CONCAT(a, b) OPFORGE_ORT_CONCAT_INNER(a, b)
+// Registers `append_fn` (void(std::vector<opforge::ort::LiteOpPtr>&)) with this library's kernels.
+#define OPFORGE_ORT_KERNELS(append_fn)                                                            \
+  static const ::opforge::ort::KernelRegistrar OPFORGE_ORT_CONCAT(opforge_ort_kernels_, __LINE__)( \
+      append_fn)
