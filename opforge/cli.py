@@ -2,7 +2,10 @@
 
     opforge demo [--exporter {both,dynamo,torchscript}] [--opset N] [--out DIR]
     opforge info
-    opforge ort-library-path
+    opforge new-op NAME --package PKG [--dir DIR] [--domain DOMAIN] [--cuda|--no-cuda] [--force]
+    opforge ort-library-path [DOMAIN]
+    opforge fetch-ort-headers [--dest DIR] [--force]
+    opforge include-paths
 """
 
 from __future__ import annotations
@@ -81,6 +84,23 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
+EXTENSIONS_GROUP = "opforge.extensions"
+
+
+def _load_extensions() -> list[str]:
+    """Imports the packages declared in the ``opforge.extensions`` entry point group (their
+    ops register themselves on import); returns what could not be loaded, with why."""
+    import importlib.metadata
+
+    failed = []
+    for ep in importlib.metadata.entry_points(group=EXTENSIONS_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - reported by info, not fatal
+            failed.append(f"{ep.name} ({ep.value}): {type(exc).__name__}: {exc}")
+    return failed
+
+
 def cmd_info(args) -> int:
     import onnx
     import onnxruntime
@@ -89,32 +109,60 @@ def cmd_info(args) -> int:
     import opforge
     from opforge.spec import REGISTRY
 
+    failed = _load_extensions()
     print(f"opforge        {opforge.__version__}")
     print(f"torch          {torch.__version__} (cuda {torch.version.cuda})")
     print(f"onnx           {onnx.__version__}")
     print(f"onnxruntime    {onnxruntime.__version__}")
     print(f"torch ext      {opforge._C.__file__}")
-    print(f"ORT library    {opforge.ort_library_path()}")
     if opforge.BUILT_WITH_CUDA:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU visible"
         print(f"CUDA kernels   built (torch CUDA + ORT CUDAExecutionProvider); {gpu}")
     else:
         print("CUDA kernels   not built (rebuild with CUDA_HOME set and OPFORGE_CUDA=1)")
-    print(f"ATen library   {opforge.aten_library_path()}  (org.pytorch.aten::ATen, links libtorch)")
+    for domain, (provider, path) in opforge.ort_libraries().items():
+        print(f"ORT library    {domain}: {path}  [{provider}]")
     for spec in REGISTRY.values():
         opsets = spec.torchscript_opsets
-        print(
-            f"op             {spec.qualname}: {spec.domain}::{spec.schema} "
-            f"(ONNX domain {spec.domain} v{spec.domain_version}; TorchScript opsets {opsets[0]}-{opsets[-1]}"
-            f"{'; standard-ONNX lowering' if spec.standard_dynamo else ''})"
-        )
+        extras = [f"TorchScript opsets {opsets[0]}-{opsets[-1]}"]
+        if spec.standard_dynamo or spec.standard_torchscript:
+            extras.append("standard-ONNX lowering")
+        if not spec.differentiable:
+            extras.append("no autograd")
+        print(f"op             {spec.onnx_qualname} v{spec.domain_version}: torch.ops.{spec.namespace}.{spec.name} "
+              f"({spec.namespace}::{spec.schema}; {'; '.join(extras)})")
+    for f in failed:
+        print(f"extension      could not load {f}")
     return 0
 
 
 def cmd_ort_library_path(args) -> int:
     from .ort_kernels import ort_library_path
 
-    print(ort_library_path())
+    if args.domain != "opforge":
+        _load_extensions()
+    print(ort_library_path(args.domain))
+    return 0
+
+
+def cmd_new_op(args) -> int:
+    from .scaffold import new_op
+
+    new_op(args.name, args.package, args.dir, domain=args.domain, cuda=args.cuda, force=args.force)
+    return 0
+
+
+def cmd_fetch_ort_headers(args) -> int:
+    from .build import fetch_ort_headers
+
+    print(fetch_ort_headers(args.dest, force=args.force))
+    return 0
+
+
+def cmd_include_paths(args) -> int:
+    from .build import include_paths
+
+    print("\n".join(include_paths()))
     return 0
 
 
@@ -134,8 +182,31 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, library paths and registered ops")
     info.set_defaults(func=cmd_info)
 
-    lib = sub.add_parser("ort-library-path", help="print the path of libopforge_ort.so")
+    lib = sub.add_parser("ort-library-path", help="print the path of the ORT library of an ONNX domain")
+    lib.add_argument("domain", nargs="?", default="opforge", help="ONNX domain (default: opforge)")
     lib.set_defaults(func=cmd_ort_library_path)
+
+    new = sub.add_parser("new-op", help="write a standalone package with one working custom op",
+                         description="Writes an installable package with a working op y = x * sigmoid(alpha * x) "
+                         "(torch CPU/CUDA kernels, ORT CPU/CUDA-EP kernels, spec, tests, README).")
+    new.add_argument("name", help="op name (torch.ops.PKG.NAME)")
+    new.add_argument("--package", required=True, help="Python package and torch namespace")
+    new.add_argument("--dir", default=None, help="where to write it (default: ./PKG)")
+    new.add_argument("--domain", default=None, help="ONNX domain of the op (default: PKG), e.g. com.example")
+    cuda = new.add_mutually_exclusive_group()
+    cuda.add_argument("--cuda", dest="cuda", action="store_true", default=True,
+                      help="include CUDA kernels, built when OPFORGE_CUDA allows (default)")
+    cuda.add_argument("--no-cuda", dest="cuda", action="store_false", help="CPU kernels only")
+    new.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    new.set_defaults(func=cmd_new_op)
+
+    fetch = sub.add_parser("fetch-ort-headers", help="fetch ONNX Runtime's C/C++ headers (Debian's libonnxruntime-dev)")
+    fetch.add_argument("--dest", default=None, help="directory (default: opforge's cache)")
+    fetch.add_argument("--force", action="store_true", help="fetch again even if present")
+    fetch.set_defaults(func=cmd_fetch_ort_headers)
+
+    inc = sub.add_parser("include-paths", help="print the include directories for a package's kernels")
+    inc.set_defaults(func=cmd_include_paths)
     return parser
 
 

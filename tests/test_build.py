@@ -1,5 +1,6 @@
 """The native libraries: what the ORT library exports and links, API-version
-negotiation, and that both documented build commands build everything from a clean copy."""
+negotiation; and (slow) the documented builds from a clean copy: `setup.py develop`, and
+a wheel whose libraries load, from a real site-packages layout, in a process without torch."""
 
 import ctypes
 import os
@@ -7,8 +8,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
+import time
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime
@@ -16,6 +21,7 @@ import pytest
 import torch
 
 import opforge
+import opforge.build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,6 +137,9 @@ def test_too_old_runtime_gets_a_clear_error_status():
     release_status(status)
 
 
+# ---- slow: the documented builds, each from a clean copy of the repository -----------
+
+
 def _scratch_venv(tmp_path: Path) -> Path:
     """A new venv that sees this venv's packages (torch, onnx, ...) through a .pth file,
     so a build there installs opforge into it without touching the main venv."""
@@ -155,24 +164,61 @@ def _clean_copy(tmp_path: Path) -> Path:
     return dest
 
 
-# setup.py develop builds like the main build (CUDA where CI has nvcc); the pip build is
-# forced CPU-only, which must keep working (OPFORGE_CUDA=0: no nvcc, no CUDA libraries).
-BUILD_COMMANDS = [("setup.py develop", None), ("pip install --no-build-isolation -e .", "0")]
+def _ort_include() -> str:
+    repo = ROOT / "deps" / "onnxruntime" / "include" / "onnxruntime"  # scripts/bootstrap.sh
+    return str(repo) if repo.is_dir() else opforge.build.ort_include_dir(fetch=False)
+
+
+def _build_env(cuda: str) -> dict:
+    """OPFORGE_CUDA is set by each test, never inherited from the caller's environment."""
+    return dict(os.environ, OPFORGE_CUDA=cuda, OPFORGE_ORT_INCLUDE_DIR=_ort_include())
+
+
+def _nvcc_exists() -> bool:
+    return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
+
+
+def _run_paths(path) -> list[str]:
+    """The RUNPATH and RPATH entries of a library, in order."""
+    out = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+    entries = []
+    for line in out.splitlines():
+        if "(RUNPATH)" in line or "(RPATH)" in line:
+            entries += line.split("[", 1)[1].rsplit("]", 1)[0].split(":")
+    return entries
+
+
+def _ldd(path, env=None) -> dict[str, str]:
+    """soname -> where the dynamic loader finds it (or "not found"), for the library and its dependencies."""
+    out = subprocess.run(["ldd", str(path)], check=True, capture_output=True, text=True, env=env).stdout
+    found = {}
+    for line in out.splitlines():
+        if "=>" in line:
+            name, where = (part.strip() for part in line.split("=>", 1))
+            found[name] = where.rsplit(" (", 1)[0].strip()
+    return found
+
+
+def _env_without_library_path() -> dict:
+    """Libraries must be found through their run paths, not through LD_LIBRARY_PATH."""
+    return {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command,cuda", BUILD_COMMANDS, ids=[c for c, _ in BUILD_COMMANDS])
-def test_documented_build_commands_build_everything(tmp_path, command, cuda):
+def test_setup_py_develop_builds_everything(tmp_path):
     src, venv = _clean_copy(tmp_path), _scratch_venv(tmp_path)
     python = str(venv / "bin" / "python")
-    env = dict(os.environ, OPFORGE_ORT_INCLUDE_DIR=str(Path(opforge.__file__).parents[1] / "deps/onnxruntime/include/onnxruntime"))
-    if cuda is not None:
-        env["OPFORGE_CUDA"] = cuda
-    args = ["setup.py", "develop"] if command.startswith("setup.py") else ["-m", "pip", "install", "--no-build-isolation", "-e", "."]
-    build = subprocess.run([python, *args], cwd=src, env=env, capture_output=True, text=True)
+    start = time.monotonic()
+    build = subprocess.run([python, "setup.py", "develop"], cwd=src, env=_build_env("0"), capture_output=True, text=True)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    assert (src / "opforge" / "ort_kernels" / "libopforge_ort.so").is_file()
+    print(f"setup.py develop (OPFORGE_CUDA=0): {time.monotonic() - start:.0f} s")
+    ort_kernels = src / "opforge" / "ort_kernels"
+    assert (ort_kernels / "libopforge_ort.so").is_file() and (ort_kernels / "libopforge_aten.so").is_file()
     assert list((src / "opforge").glob("_C*.so"))
+    # In place, beside the sources: libtorch is found through the absolute run path.
+    missing = {n: w for n, w in _ldd(ort_kernels / "libopforge_aten.so", _env_without_library_path()).items()
+               if w == "not found"}
+    assert not missing, missing
     check = subprocess.run(
         [python, "-c", "import opforge, torch, numpy as np; from onnx import TensorProto;"
          "print(opforge.__file__, opforge.ort_library_path(), opforge.BUILT_WITH_CUDA, "
@@ -182,5 +228,165 @@ def test_documented_build_commands_build_everything(tmp_path, command, cuda):
     assert check.returncode == 0, check.stderr[-3000:]
     module_file, lib_path, with_cuda, value = check.stdout.split(" ", 3)
     assert module_file.startswith(str(src)) and lib_path.startswith(str(src))
-    assert with_cuda == str(opforge.BUILT_WITH_CUDA if cuda is None else cuda == "1")
+    assert with_cuda == "False"
+    assert value.strip() == "[3.0, 3.0]"
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory):
+    """A wheel built from a clean copy (a CUDA build where nvcc and a CUDA torch exist, so the
+    CUDA link is checked wherever it can be), installed into a scratch site-packages laid out
+    like a real one: opforge from the wheel, everything else (torch, nvidia, onnxruntime,
+    numpy, onnx ...) symlinked from this venv's site-packages."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _clean_copy(tmp)
+    cuda = "1" if _nvcc_exists() and torch.version.cuda else "0"
+    start = time.monotonic()
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist")],
+                           cwd=src, env=_build_env(cuda), capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    print(f"wheel build (OPFORGE_CUDA={cuda}): {time.monotonic() - start:.0f} s")
+    (wheel,) = (tmp / "dist").glob("opforge-*.whl")
+    site = tmp / "site-packages"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                              "--no-compile", "--target", str(site), str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    main_site = Path(torch.__file__).resolve().parents[1]
+    for entry in main_site.iterdir():
+        if entry.name.startswith(("opforge", "__editable__", "__pycache__")) or entry.suffix == ".pth":
+            continue
+        if not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    ort_kernels = site / "opforge" / "ort_kernels"
+    (ext,) = (site / "opforge").glob("_C*.so")
+    return SimpleNamespace(src=src, wheel=wheel, site=site, cuda=cuda == "1", ext=ext,
+                           ort=ort_kernels / "libopforge_ort.so", aten=ort_kernels / "libopforge_aten.so")
+
+
+@pytest.mark.slow
+def test_wheel_ships_libraries_and_headers(wheel_install):
+    names = set(zipfile.ZipFile(wheel_install.wheel).namelist())
+    src = wheel_install.src
+    expected = {
+        "opforge/ort_kernels/libopforge_ort.so", "opforge/ort_kernels/libopforge_aten.so",
+        "opforge/csrc/opforge/ort_op.h", "opforge/csrc/opforge/torch_op.h", "opforge/csrc/core/half.h",
+        "opforge/csrc/core/cuda/kernels.cuh", "opforge/csrc/opforge/ort_exports.map",
+        "opforge/include/onnxruntime/onnxruntime_cxx_api.h", "opforge/include/onnxruntime/onnxruntime_lite_custom_op.h",
+    }
+    expected |= {f.relative_to(src).as_posix() for f in (src / "opforge" / "csrc").rglob("*")
+                 if f.suffix in (".h", ".cuh", ".map")}
+    expected |= {f"opforge/include/onnxruntime/{h.name}" for h in Path(_ort_include()).glob("*.h")}
+    expected |= {f.relative_to(src).as_posix() for f in (src / "opforge" / "templates").rglob("*") if f.is_file()}
+    assert sorted(expected - names) == []
+    assert [n for n in names if n.startswith("opforge/_C.") and n.endswith(".so")], sorted(names)
+    assert not [n for n in names if n.endswith((".o", ".ninja"))]
+
+
+@pytest.mark.slow
+def test_wheel_libraries_have_no_build_time_run_paths(wheel_install):
+    """No run path into the build copy, a temporary directory or a pip build env; the ORT
+    libraries find what they link outside the package relative to themselves ($ORIGIN),
+    first, as torch's wheels lay it out (site-packages/torch/lib, site-packages/nvidia/cu13/lib)."""
+    w = wheel_install
+    temp_roots = {os.path.realpath(tempfile.gettempdir()), tempfile.gettempdir(), str(w.src), os.path.realpath(w.src)}
+    for lib in (w.ext, w.ort, w.aten):
+        entries = _run_paths(lib)
+        bad = [e for e in entries if "pip-build-env" in e or any(e == r or e.startswith(r + os.sep) for r in temp_roots)]
+        assert bad == [], (lib.name, entries)
+        assert all(e.startswith("$ORIGIN/") or os.path.isabs(e) for e in entries), (lib.name, entries)
+    aten_paths = _run_paths(w.aten)
+    assert aten_paths and aten_paths[0] == "$ORIGIN/../../torch/lib", aten_paths
+    ort_needed, ort_paths = _needed(w.ort), _run_paths(w.ort)
+    assert not [n for n in ort_needed if any(k in n for k in ("onnxruntime", "torch", "c10", "python"))], ort_needed
+    if w.cuda:
+        assert {"libcudart.so.13", "libcublas.so.13"} <= set(ort_needed), ort_needed
+        assert ort_paths and ort_paths[0] == "$ORIGIN/../../nvidia/cu13/lib", ort_paths
+    else:
+        assert not [n for n in ort_needed if "cuda" in n or "cublas" in n], ort_needed
+        assert ort_paths == [], ort_paths  # needs nothing outside the system's libraries
+
+
+@pytest.mark.slow
+def test_wheel_libraries_resolve_from_the_site_packages_layout(wheel_install):
+    """ldd, without LD_LIBRARY_PATH: nothing missing, and libtorch (libopforge_aten) and the
+    CUDA runtime + cuBLAS (libopforge_ort, CUDA build) are found next to the install, i.e.
+    through the $ORIGIN-relative run path."""
+    w = wheel_install
+    env = _env_without_library_path()
+    for lib, outside in ((w.aten, ["libc10.so", "libtorch_cpu.so"]),
+                         (w.ort, ["libcudart.so.13", "libcublas.so.13"] if w.cuda else [])):
+        found = _ldd(lib, env)
+        assert not [n for n, where in found.items() if where == "not found"], (lib.name, found)
+        for name in outside:
+            assert found.get(name, "").startswith(str(w.site) + os.sep), (lib.name, name, found.get(name))
+
+
+@pytest.mark.slow
+def test_wheel_ort_libraries_run_in_a_process_without_torch(wheel_install):
+    """Only the scratch site-packages on sys.path (python -I -S), never `import torch`:
+    libopforge_ort runs my_add (a CUDA build too: CPU kernels in a CPU-only ORT, with the
+    CUDA runtime found through $ORIGIN), libopforge_aten runs aten::cummax through libtorch."""
+    w = wheel_install
+    script = textwrap.dedent(
+        f"""
+        import site, sys
+        site.addsitedir({str(w.site)!r})
+        import numpy as np, onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+        assert ort.__file__.startswith({str(w.site)!r}), ort.__file__
+
+        def session(model, lib):
+            so = ort.SessionOptions()
+            so.register_custom_ops_library(lib)
+            return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+        node = helper.make_node("my_add", ["A", "B"], ["C"], domain="opforge")
+        graph = helper.make_graph([node], "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "AB"],
+            [helper.make_tensor_value_info("C", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("opforge", 1)])
+        a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32)
+        (c,) = session(model, {str(w.ort)!r}).run(None, {{"A": a, "B": b}})
+        assert (c == 2 * a + b).all(), c
+
+        nodes = [helper.make_node("Constant", [], ["dim"], value=numpy_helper.from_array(np.array(1, np.int64))),
+                 helper.make_node("ATen", ["x", "dim"], ["v", "i"], domain="org.pytorch.aten", operator="cummax",
+                                  overload_name="")]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+             helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("org.pytorch.aten", 1)])
+        v, i = session(model, {str(w.aten)!r}).run(None, {{"x": np.array([[1, 3, 2], [0, -1, 5]], np.float32)}})
+        assert v.tolist() == [[1, 3, 3], [0, 0, 5]] and i.tolist() == [[0, 1, 1], [0, 0, 2]], (v, i)
+
+        assert "torch" not in sys.modules, "torch got imported"
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True,
+                         env=_env_without_library_path(), cwd=w.site.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_wheel_install_is_the_opforge_python_imports(wheel_install):
+    w = wheel_install
+    script = textwrap.dedent(
+        f"""
+        import site
+        site.addsitedir({str(w.site)!r})
+        import numpy as np, torch, opforge
+        from onnx import TensorProto, helper
+        print(opforge.__file__, opforge.ort_library_path(), opforge.aten_library_path(), opforge.BUILT_WITH_CUDA,
+              opforge.my_add(torch.ones(2), torch.ones(2)).tolist())
+        """
+    )
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True,
+                         env=_env_without_library_path(), cwd=w.site.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    module_file, ort_path, aten_path, with_cuda, value = out.stdout.split(" ", 4)
+    assert module_file.startswith(str(w.site)), module_file
+    assert ort_path == str(w.ort) and aten_path == str(w.aten)
+    assert with_cuda == str(w.cuda)
     assert value.strip() == "[3.0, 3.0]"

@@ -20,7 +20,9 @@ custom domains need, once each::
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -107,6 +109,29 @@ def _entry_points() -> dict:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _load_entry_point(ep: importlib.metadata.EntryPoint):
+    """Loads ``module:attr`` of an entry point WITHOUT running the packages above the module
+    (``my_ops/__init__.py`` imports torch and registers ops; finding a library path must not),
+    falling back to a normal import where the module cannot be loaded on its own."""
+    module_name, _, attr = ep.value.partition(":")
+    parts = module_name.strip().split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level lookup executes nothing
+        for part in parts[1:]:
+            spec = importlib.machinery.PathFinder.find_spec(part, spec.submodule_search_locations)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            return ep.load()
+        standalone = importlib.util.spec_from_file_location(f"_opforge_entry_point_{ep.name}", spec.origin)
+        module = importlib.util.module_from_spec(standalone)
+        standalone.loader.exec_module(module)
+        target = module
+        for name in filter(None, attr.strip().split(".")):
+            target = getattr(target, name)
+        return target
+    except Exception:  # noqa: BLE001 - e.g. relative imports: load it the ordinary way
+        return ep.load()
+
+
 def _resolve(domain: str) -> tuple[str, str]:
     """(provider, path) of the library of ``domain``: registered ones first, then entry points."""
     if domain not in _LIBRARIES:
@@ -118,7 +143,7 @@ def _resolve(domain: str) -> tuple[str, str]:
                 f"import it, or call opforge.register_ort_library({domain!r}, path). Known domains: "
                 f"{sorted(set(_LIBRARIES) | set(_entry_points()))}"
             )
-        target = ep.load()
+        target = _load_entry_point(ep)
         _LIBRARIES[domain] = (f"{ep.dist.name if ep.dist else ep.value} (entry point)", target)
     provider, source = _LIBRARIES[domain]
     path = os.fspath(source() if callable(source) else source)
