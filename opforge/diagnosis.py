@@ -83,11 +83,24 @@ def onnx_equivalent(aten_name: str) -> Optional[tuple[str, int]]:
     return None
 
 
+def _declared_without_spec(namespace: str, name: str) -> bool:
+    from .registration import spec_of
+
+    if spec_of(f"{namespace}::{name}") is not None:
+        return False
+    return any(n.split(".")[0] == f"{namespace}::{name}" for n in torch._C._dispatch_get_all_op_names())
+
+
 def classify(op: str, opset: int) -> OpDiagnosis:
     from .symbolics import aten_rules
 
     namespace, _, rest = op.partition("::")
     name = rest.split(".")[0]
+    if namespace != "aten" and _declared_without_spec(namespace, name):
+        return OpDiagnosis(op, False, None, "custom op",
+                           f"declared in C++ (TORCH_LIBRARY({namespace})) but no opforge spec is registered for it: "
+                           "write an OpSpec and call opforge.register_op(spec), or import the package whose spec "
+                           "module does (without it the op has no fake impl, autograd or export rules)")
     if namespace != "aten":
         return OpDiagnosis(op, False, None, "custom op",
                            "define it as an ONNX custom-domain op with an ORT kernel (an opforge OpSpec + "

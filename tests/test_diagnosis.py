@@ -62,3 +62,14 @@ def test_export_failure_carries_the_diagnosis(dynamo):
     assert "aten::cummax: ATen op: yes; ONNX equivalent: none; way: ATen fallback" in message
     assert "opforge_test::scale: ATen op: no; ONNX equivalent: none; way: custom op" in message
     assert info.value.diagnosis is not None and info.value.__cause__ is not None
+
+
+def test_op_declared_in_cpp_without_spec_is_recognised():
+    """An op whose package never registered its spec (e.g. a forgotten import) is named as
+    such, not as a generic custom op to write."""
+    lib = torch.library.Library("opforge_diag_test", "DEF")  # declared, no spec
+    lib.define("lonely(Tensor x) -> Tensor")
+    d = opforge.diagnosis.classify("opforge_diag_test::lonely", 18)
+    assert d.way == "custom op" and "no opforge spec is registered" in d.advice and "register_op" in d.advice
+    assert "no opforge spec" not in opforge.diagnosis.classify("mylib::never_declared", 18).advice
+    assert "no opforge spec" not in opforge.diagnosis.classify("opforge::my_add", 18).advice

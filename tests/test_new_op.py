@@ -1,0 +1,182 @@
+"""A user's own op, outside this repo, end to end: `opforge new-op` writes a package into a
+temporary directory, it builds against the installed opforge (opforge.build), its generated
+tests pass, a model mixing opforge.my_add and the new op goes through both exporters and
+runs in ONE opforge.ort_session with no manual registration, and the new op's ORT library
+runs in a process that never imports torch."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG, NAME, DOMAIN = "opf_example_ops", "swish", "com.example.ops"
+
+
+def _nvcc() -> bool:
+    return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
+
+
+def _run(args, **kwargs):
+    out = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def scaffold(tmp_path_factory):
+    """(python of a scratch venv that sees this venv's packages, generated package dir), built."""
+    base = tmp_path_factory.mktemp("new_op")
+    assert ROOT not in base.parents
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    purelib = sysconfig.get_paths()["purelib"]
+    # addsitedir (not a plain path line): the main venv's .pth files (editable opforge) apply too
+    (site / "opforge_parent_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+    python = str(venv / "bin" / "python")
+
+    pkg_dir = base / PKG
+    gen = _run([python, "-m", "opforge", "new-op", NAME, "--package", PKG, "--domain", DOMAIN, "--dir", str(pkg_dir)],
+               cwd=base)
+    assert gen.returncode == 0, gen.stderr
+    assert "next:" in gen.stdout and (pkg_dir / "pyproject.toml").is_file()
+    env = dict(os.environ, OPFORGE_CUDA="1" if _nvcc() else "0")  # CUDA kernels compile-checked where nvcc is
+    build = _run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
+                 cwd=base, env=env)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    return python, pkg_dir
+
+
+def test_generated_package_layout_and_build(scaffold):
+    python, pkg_dir = scaffold
+    files = sorted(p.relative_to(pkg_dir).as_posix() for p in pkg_dir.rglob("*") if p.is_file() and "build" not in p.parts)
+    for expected in (f"{PKG}/csrc/{NAME}.h", f"{PKG}/csrc/{NAME}_torch.cpp", f"{PKG}/csrc/{NAME}_ort.cc",
+                     f"{PKG}/csrc/cuda/{NAME}_cuda.cu", f"{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py",
+                     "pyproject.toml", "README.md", f"{PKG}/lib{PKG}_ort.so"):
+        assert expected in files, files
+    check = _run([python, "-c", f"import torch, {PKG}; x = torch.linspace(-2, 2, 5, dtype=torch.float64);"
+                  f"print(torch.ops.{PKG}.{NAME}(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item(),"
+                  f" {PKG}.BUILT_WITH_CUDA)"], cwd=pkg_dir.parent)
+    assert check.returncode == 0, check.stderr
+    err, with_cuda = check.stdout.split()
+    assert float(err) < 1e-15
+    assert with_cuda == str(_nvcc())  # the OPFORGE_CUDA switch reached the package's build
+
+
+def test_generated_tests_pass(scaffold):
+    python, pkg_dir = scaffold
+    run = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg_dir)], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+def test_mixed_model_both_exporters_one_session(scaffold):
+    python, pkg_dir = scaffold
+    script = textwrap.dedent(f"""
+        import numpy as np, torch, opforge, {PKG}
+
+        class Mixed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.offset = torch.nn.Parameter(torch.linspace(-1, 1, 6))
+
+            def forward(self, x):
+                return torch.ops.{PKG}.{NAME}(opforge.my_add(x, self.offset), 1.25) * 2
+
+        model = Mixed().eval()
+        for dynamo in (True, False):
+            kw = dict(dynamic_shapes=({{0: torch.export.Dim("batch")}},)) if dynamo else dict(
+                dynamic_axes={{"x": {{0: "batch"}}}}, opset_version=17)
+            proto = opforge.export(model, (torch.randn(2, 6),), dynamo=dynamo, input_names=["x"], **kw)
+            nodes = {{(n.domain, n.op_type) for n in proto.graph.node}}
+            assert ("opforge", "my_add") in nodes and ("{DOMAIN}", "{NAME}") in nodes, nodes
+            x = torch.randn(7, 6)
+            (got,) = opforge.ort_session(proto).run(None, {{"x": x.numpy()}})  # no manual registration
+            np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+        print("ok", opforge.ort_library_path("{DOMAIN}"))
+    """)
+    run = _run([python, "-c", script], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    status, lib = run.stdout.split()
+    assert status == "ok" and lib == str(pkg_dir / PKG / f"lib{PKG}_ort.so")
+
+
+def test_ort_session_finds_the_library_by_entry_point_without_importing_the_package(scaffold):
+    python, pkg_dir = scaffold
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, opforge
+        from onnx import helper, TensorProto
+        node = helper.make_node("{NAME}", ["X"], ["Y"], domain="{DOMAIN}", alpha=2.0)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [4])],
+                                  [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, [4])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("{DOMAIN}", 1)])
+        x = np.array([-2.0, -0.5, 0.0, 3.0])
+        (y,) = opforge.ort_session(model).run(None, {{"X": x}})
+        np.testing.assert_allclose(y, x / (1 + np.exp(-2.0 * x)), rtol=1e-12)
+        assert "{PKG}" not in sys.modules, "the package was imported"
+        print("ok")
+    """)
+    run = _run([python, "-c", script], cwd=pkg_dir.parent)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
+
+
+def test_new_op_library_runs_in_a_torch_free_process(scaffold):
+    python, pkg_dir = scaffold
+    lib = _run([python, "-m", "opforge", "ort-library-path", DOMAIN], cwd=pkg_dir.parent)
+    assert lib.returncode == 0, lib.stderr
+    path = lib.stdout.strip()
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, onnxruntime as ort
+        from onnx import helper, TensorProto
+        node = helper.make_node("{NAME}", ["X"], ["Y"], domain="{DOMAIN}", alpha=0.75)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, None)],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("{DOMAIN}", 1)])
+        so = ort.SessionOptions()
+        so.register_custom_ops_library({path!r})
+        so.register_custom_ops_library({path!r})  # twice: a no-op, not "Domain already set in registry"
+        x = np.linspace(-4, 4, 9).astype(np.float16)
+        (y,) = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {{"X": x}})
+        xf = x.astype(np.float32)
+        np.testing.assert_allclose(y.astype(np.float32), xf / (1 + np.exp(np.float32(-0.75) * xf)), rtol=2e-3, atol=1e-3)
+        assert "torch" not in sys.modules, "torch got imported"
+        print("ok")
+    """)
+    run = _run([python, "-c", script], cwd="/")
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
+
+
+def test_incremental_rebuild_compiles_only_the_touched_source(scaffold):
+    """Objects persist in the package's build/ (also under pip install -e): touching one
+    source recompiles that object alone."""
+    python, pkg_dir = scaffold
+    objects = {p.name: p for p in (pkg_dir / "build").rglob("*.o")}
+    ort_obj, torch_obj = objects[f"{NAME}_ort.o"], objects[f"{NAME}_torch.o"]
+    before = {ort_obj: ort_obj.stat().st_mtime_ns, torch_obj: torch_obj.stat().st_mtime_ns}
+    (pkg_dir / PKG / "csrc" / f"{NAME}_ort.cc").touch()
+    env = dict(os.environ, OPFORGE_CUDA="1" if _nvcc() else "0")
+    build = _run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
+                 cwd=pkg_dir.parent, env=env)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert ort_obj.stat().st_mtime_ns > before[ort_obj], "the touched source was not recompiled"
+    assert torch_obj.stat().st_mtime_ns == before[torch_obj], "an untouched source was recompiled"
+
+
+def test_new_op_cli_errors_are_clear(tmp_path):
+    not_empty = tmp_path / "taken"
+    not_empty.mkdir()
+    (not_empty / "file.txt").write_text("x")
+    for args, words in (
+        (["new-op", NAME, "--package", PKG, "--dir", str(not_empty)], "exists and is not empty"),
+        (["new-op", "Bad-Name", "--package", PKG, "--dir", str(tmp_path / "a")], "must be a Python identifier"),
+        (["new-op", NAME, "--package", "opforge", "--dir", str(tmp_path / "b")], "clash"),
+        (["new-op", NAME, "--package", PKG, "--domain", "ai.onnx", "--dir", str(tmp_path / "c")], "choose your own"),
+    ):
+        run = _run([sys.executable, "-m", "opforge", *args], cwd=tmp_path)
+        assert run.returncode == 1 and words in run.stderr, (args, run.stderr)
+    assert not (tmp_path / "a").exists()

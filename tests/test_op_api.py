@@ -1,0 +1,179 @@
+"""The public op API on ops that are not opforge's: OpSpec (namespace vs domain), register_op,
+check_library, ORT libraries by domain, and ort_session's registration rules."""
+
+import types
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import opforge
+from opforge import AttrArg, OpSpec, TensorArg
+
+NS = "opforge_api_test"
+
+
+def _lib(name: str, schema: str, impl):
+    """A torch op defined from Python (stands in for a package's C++ TORCH_LIBRARY)."""
+    lib = torch.library.Library(NS, "FRAGMENT")
+    lib.define(schema)
+    lib.impl(name, impl, "CPU")
+    return lib
+
+
+_LIBS = [
+    _lib("scale", "scale(Tensor x, float factor) -> Tensor", lambda x, factor: x * factor),
+    _lib("unspecced", "unspecced(Tensor x) -> Tensor", lambda x: x.clone()),
+    _lib("twin", "twin(Tensor x) -> Tensor", lambda x: x + 1),
+    _lib("wrong_schema", "wrong_schema(Tensor x) -> Tensor", lambda x: x),
+]
+
+
+def _scale_spec(**overrides):
+    kw = dict(
+        name="scale", namespace=NS, domain="com.example.api", schema="scale(Tensor x, float factor) -> Tensor",
+        args=(TensorArg("x", "X"), AttrArg("factor", kind="float")), outputs=("Y",), doc="Y = X * factor",
+        fake=lambda x, factor: torch.empty_like(x),
+        setup_context=lambda ctx, inputs, output: setattr(ctx, "factor", inputs[1]),
+        backward=lambda ctx, grad: (grad * ctx.factor, None),
+        reference=lambda x, *, factor: ((x * np.asarray(factor, x.dtype)).astype(x.dtype),),
+        onnx_output_shapes=lambda shapes, attrs: [shapes[0]],
+    )
+    kw.update(overrides)
+    return OpSpec(**kw)
+
+
+SCALE = _scale_spec()
+SCALE_OP = opforge.register_op(SCALE)
+
+
+def test_namespace_and_domain_are_separate_and_the_registry_is_keyed_by_domain():
+    assert SCALE.torch_qualname == f"{NS}::scale" and SCALE.onnx_qualname == "com.example.api::scale"
+    assert opforge.spec.REGISTRY["com.example.api::scale"] is SCALE
+    assert opforge.register_op(SCALE) is SCALE_OP  # idempotent
+    x = torch.randn(3, requires_grad=True)
+    y = torch.ops.opforge_api_test.scale(x, 2.5)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.5))
+    torch.library.opcheck(SCALE_OP, (torch.randn(2, 3), 1.5))
+
+
+def test_op_spec_validation_says_what_to_fix():
+    with pytest.raises(ValueError, match=r"namespace 'com.example' is not a Python identifier.*namespace='com_example'"):
+        _scale_spec(namespace=None, domain="com.example")
+    with pytest.raises(TypeError, match="give a torch namespace"):
+        _scale_spec(namespace=None, domain=None)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        AttrArg("factor", kind="double")
+    with pytest.raises(TypeError, match="both setup_context and backward"):
+        _scale_spec(backward=None)
+
+
+def test_register_op_errors_name_the_missing_piece():
+    with pytest.raises(opforge.OpRegistrationError, match=r"opforge_api_test::nowhere has a spec but no C\+\+ declaration"):
+        opforge.register_op(_scale_spec(name="nowhere", schema="nowhere(Tensor x, float factor) -> Tensor"))
+    with pytest.raises(opforge.OpRegistrationError, match="C\\+\\+ schema of opforge_api_test::wrong_schema is"):
+        opforge.register_op(_scale_spec(name="wrong_schema", schema="wrong_schema(Tensor x, float factor) -> Tensor"))
+    with pytest.raises(ValueError, match="torch op opforge_api_test::scale already has a spec"):
+        opforge.register_op(_scale_spec(domain="com.other"))
+    assert "com.other::scale" not in opforge.spec.REGISTRY
+
+
+def test_same_op_name_in_two_domains():
+    twin = _scale_spec(name="twin", domain="com.example.other", schema="twin(Tensor x) -> Tensor", args=(TensorArg("x"),),
+                       setup_context=None, backward=None, reference=lambda x: (x + 1,), fake=lambda x: torch.empty_like(x))
+    opforge.register_op(twin)
+    assert {"com.example.other::twin", "com.example.api::scale"} <= set(opforge.spec.REGISTRY)
+    assert opforge.spec.find("twin") is twin and opforge.spec.find("com.example.other::twin") is twin
+
+
+def test_cuda_build_without_cuda_kernel_is_an_error_and_cpu_build_gets_a_stub():
+    lib = _lib("gpu_less", "gpu_less(Tensor x) -> Tensor", lambda x: x)
+    spec = _scale_spec(name="gpu_less", domain="com.example.gpu", schema="gpu_less(Tensor x) -> Tensor",
+                       args=(TensorArg("x"),), setup_context=None, backward=None, fake=lambda x: torch.empty_like(x))
+    with pytest.raises(opforge.OpRegistrationError, match="no CUDA kernel for opforge_api_test::gpu_less"):
+        opforge.register_op(spec, extension=types.SimpleNamespace(WITH_CUDA=1))
+    assert "com.example.gpu::gpu_less" not in opforge.spec.REGISTRY
+    opforge.register_op(spec, extension=types.SimpleNamespace(WITH_CUDA=0))
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{NS}::gpu_less", "CUDA")  # the explaining stub
+    del lib
+
+
+def test_check_library_names_ops_without_spec():
+    with pytest.raises(opforge.OpRegistrationError, match=r"opforge_api_test::unspecced, opforge_api_test::wrong_schema declared in C\+\+"):
+        opforge.check_library(NS)
+    opforge.check_library("opforge")  # opforge's own library is complete
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_both_exporters_emit_the_domain_and_ort_session_names_what_is_missing(dynamo):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(torch.ops.opforge_api_test.scale(x, 0.5))
+
+    x = torch.randn(2, 4)
+    proto = opforge.export(M().eval(), (x,), dynamo=dynamo, opset_version=18 if dynamo else 17, input_names=["x"])
+    nodes = [(n.domain, n.op_type) for n in proto.graph.node]
+    assert ("com.example.api", "scale") in nodes
+    assert any(o.domain == "com.example.api" for o in proto.opset_import)
+    (ref,) = opforge.symbolics.reference.evaluator(proto).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(ref, M()(x).numpy(), rtol=1e-6)
+    with pytest.raises(opforge.MissingOrtKernels, match=r"com.example.api::scale: no ONNX Runtime library is known for "
+                                                         r"domain 'com.example.api'.*register_ort_library"):
+        opforge.ort_session(proto)
+
+
+def _my_add_model():
+    node = helper.make_node("my_add", ["A", "B"], ["C"], domain="opforge")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "AB"],
+                              [helper.make_tensor_value_info("C", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("opforge", 1)])
+
+
+def test_ort_session_with_options_that_already_hold_the_library():
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(opforge.ort_library_path())
+    so.register_custom_ops_library(opforge.ort_library_path())  # the library itself makes this a no-op
+    sess = opforge.ort_session(_my_add_model(), so)
+    a, b = np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"A": a, "B": b})[0], 2 * a + b)
+    assert so.get_session_config_entry("opforge.custom_domain.opforge") == "libopforge_ort"
+    sess2 = opforge.ort_session(_my_add_model(), so)  # the same options again
+    np.testing.assert_array_equal(sess2.run(None, {"A": a, "B": b})[0], 2 * a + b)
+
+
+def test_ort_library_registry_rules(tmp_path):
+    with pytest.raises(opforge.MissingOrtLibrary, match="no ONNX Runtime library is known for the ONNX domain 'com.nobody'"):
+        opforge.ort_library_path("com.nobody")
+    with pytest.raises(ValueError, match="already served by opforge"):
+        opforge.register_ort_library("opforge", tmp_path / "libother.so")
+    with pytest.raises(ValueError, match="not a custom ONNX domain"):
+        opforge.register_ort_library("ai.onnx", tmp_path / "libother.so")
+    opforge.register_ort_library("com.example.missing", tmp_path / "libmissing.so", provider="test")
+    with pytest.raises(FileNotFoundError, match="com.example.missing.*not at"):
+        opforge.ort_library_path("com.example.missing")
+    libs = opforge.ort_libraries()
+    assert libs["opforge"][1] == opforge.ort_library_path()
+    assert libs["com.example.missing"][1].startswith("not available")
+
+
+def test_check_library_kernels_probes_the_ort_library():
+    from opforge.ort_kernels import check_library_kernels
+
+    assert check_library_kernels("opforge") == []
+    ghost = _scale_spec(name="ghost", namespace="opforge_ghost_ns", domain="opforge", schema="ghost(Tensor x) -> Tensor",
+                        args=(TensorArg("x"),), setup_context=None, backward=None)
+    assert check_library_kernels("opforge", [ghost]) == ["opforge::ghost"]
+
+
+def test_second_library_for_a_registered_domain_is_a_clear_ort_error(tmp_path):
+    """Two libraries cannot share a domain in ORT; the second one's RegisterCustomOps says so
+    (the options are marked as if another library had registered the domain first)."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("opforge.custom_domain.opforge", "libsomebody_else")
+    with pytest.raises(Exception, match="libopforge_ort serves the ONNX domain 'opforge', which these SessionOptions "
+                                        "already have from libsomebody_else; ONNX Runtime allows one"):
+        so.register_custom_ops_library(opforge.ort_library_path())
