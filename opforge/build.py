@@ -388,6 +388,14 @@ def build_ext(*, build_dir: Optional[str] = None):
                 return os.path.join(*fullname.split(".")) + ".so"
             return super().get_ext_filename(fullname)
 
+        def build_extension(self, ext):
+            # Absolute run paths serve in-place / editable builds (the library lives in the source
+            # tree, outside site-packages); a wheel or a site-packages install keeps only the
+            # $ORIGIN-relative ones, so it never reaches into the builder's environment.
+            if not (self.inplace or getattr(self, "editable_mode", False)):
+                ext.extra_link_args = [a for a in ext.extra_link_args if not a.startswith("-Wl,-rpath,/")]
+            return super().build_extension(ext)
+
         def get_export_symbols(self, ext):
             return [] if getattr(ext, "opforge_plain_library", False) else super().get_export_symbols(ext)
 

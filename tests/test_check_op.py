@@ -16,8 +16,9 @@ from helpers import deform_inputs
 
 MY_ADD_SAMPLES = [
     Sample(torch.randn(2, 3, 4), torch.randn(3, 4), name="broadcast-b"),
-    Sample(torch.randn(3, 1, 4), torch.randn(3, 5, 1), name="broadcast-both"),  # batch: a only
-    Sample(torch.randn(2, 3), torch.randn(2, 3), name="same-shape"),  # batch: a and b
+    # dim 0 of a broadcasts against b's: the batch is both (by default it would be a alone)
+    Sample(torch.randn(3, 1, 4), torch.randn(3, 5, 1), batch=("a", "b"), name="broadcast-both"),
+    Sample(torch.randn(2, 3), torch.randn(2, 3), name="same-shape"),  # batch by default: a and b (same shape)
 ]
 MY_ADD_BAD = [
     BadSample(torch.randn(2, 3), torch.randn(4), match=r"my_add: shapes of [aA] \[2, 3\] and [bB] \[4\] are not broadcastable",
