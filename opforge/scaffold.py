@@ -90,7 +90,7 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
         target = dest / rel.replace("__PKG__", package).replace("__NAME__", name)
         text = render(template.read_text(), subs)
         if target.name == "setup.py" and not cuda:
-            text = text.replace(f'CUDA_SOURCES = ["{package}/csrc/cuda/*.cu"]', "CUDA_SOURCES = []  # generated --no-cuda")
+            text = text.replace(f'CUDA_SOURCES = ["src/{package}/csrc/cuda/*.cu"]', "CUDA_SOURCES = []  # generated --no-cuda")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         written.append(target.relative_to(dest).as_posix())

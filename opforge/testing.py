@@ -503,9 +503,9 @@ def _check_reference(spec, op, samples, dtypes, **_):
                 want = _as_tuple(spec.reference(*inputs, **attrs))
             except Exception as exc:
                 raise AssertionError(f"{where}: spec.reference raised {type(exc).__name__}: {exc}") from exc
+            what = "torch op vs spec.reference" + (" (computed in float32)" if dtype == torch.bfloat16 else "")
             _assert_close(got, [torch.from_numpy(np.asarray(w)) for w in want], rtol=_tolerance(sample.rtol, dtype),
-                          atol=_tolerance(sample.atol, dtype), where=where,
-                          what="torch op vs spec.reference" + (" (computed in float32)" if dtype == torch.bfloat16 else ""))
+                          atol=_tolerance(sample.atol, dtype), where=where, what=what)
 
 
 def _export(spec, op, values, batch, *, dynamo: bool, opset: int):
@@ -561,7 +561,8 @@ def _check_export(spec, op, samples, dtypes, *, dynamo: bool, opsets, check: str
                                          f"{_dtype_name(dtype)}{hint}: {type(exc).__name__}: {exc}") from exc
                 if not _custom_nodes(proto, spec):
                     found = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in proto.graph.node})
-                    raise AssertionError(f"{where}: the exported graph has no {spec.onnx_qualname} node; it has {found}")
+                    raise AssertionError(f"{where}: the exported graph has no {spec.onnx_qualname} node; "
+                                         f"it has {found}")
                 try:
                     session = opforge.ort_session(proto)
                     got = _ort_run(session, _feeds(session, names, positions, values))
@@ -717,13 +718,14 @@ def check_op(spec: OpSpec, samples: Iterable[Sample], *, bad_samples: Iterable[B
     if checks is None:
         selected = [c for c in CHECKS if not_applicable(spec, c, **options) is None]
     else:
-        selected = list(checks)
+        selected = [checks] if isinstance(checks, str) else list(checks)
         for check in selected:
             reason = not_applicable(spec, check, **options)
             if reason is not None:
                 raise ValueError(f"check_op: check {check!r} does not apply to {spec.torch_qualname}: {reason}")
     op = torch_op(spec)
-    resolved = dict(dtypes=_resolve_dtypes(spec, dtypes), torchscript_opsets=_torchscript_opsets(spec, torchscript_opsets),
+    resolved = dict(dtypes=_resolve_dtypes(spec, dtypes),
+                    torchscript_opsets=_torchscript_opsets(spec, torchscript_opsets),
                     dynamo_opsets=_dynamo_opsets(dynamo_opsets), gradgrad=gradgrad)
     for check in selected:
         _RUNNERS[check](spec, op, samples=samples, bad_samples=bad_samples, **resolved)

@@ -55,9 +55,9 @@ def scaffold(tmp_path_factory):
 def test_generated_package_layout_and_build(scaffold):
     python, pkg_dir = scaffold
     files = sorted(p.relative_to(pkg_dir).as_posix() for p in pkg_dir.rglob("*") if p.is_file() and "build" not in p.parts)
-    for expected in (f"{PKG}/csrc/{NAME}.h", f"{PKG}/csrc/{NAME}_torch.cpp", f"{PKG}/csrc/{NAME}_ort.cc",
-                     f"{PKG}/csrc/cuda/{NAME}_cuda.cu", f"{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py",
-                     "pyproject.toml", "README.md", f"{PKG}/lib{PKG}_ort.so"):
+    for expected in (f"src/{PKG}/csrc/{NAME}.h", f"src/{PKG}/csrc/{NAME}_torch.cpp", f"src/{PKG}/csrc/{NAME}_ort.cc",
+                     f"src/{PKG}/csrc/cuda/{NAME}_cuda.cu", f"src/{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py",
+                     "pyproject.toml", "README.md", f"src/{PKG}/lib{PKG}_ort.so"):
         assert expected in files, files
     check = _run([python, "-c", f"import torch, {PKG}; x = torch.linspace(-2, 2, 5, dtype=torch.float64);"
                   f"print(torch.ops.{PKG}.{NAME}(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item(),"
@@ -103,7 +103,7 @@ def test_mixed_model_both_exporters_one_session(scaffold):
     run = _run([python, "-c", script], cwd=pkg_dir.parent)
     assert run.returncode == 0, run.stderr[-4000:]
     status, lib = run.stdout.split()
-    assert status == "ok" and lib == str(pkg_dir / PKG / f"lib{PKG}_ort.so")
+    assert status == "ok" and lib == str(pkg_dir / "src" / PKG / f"lib{PKG}_ort.so")
 
 
 def test_ort_session_finds_the_library_by_entry_point_without_importing_the_package(scaffold):
@@ -158,7 +158,7 @@ def test_incremental_rebuild_compiles_only_the_touched_source(scaffold):
     objects = {p.name: p for p in (pkg_dir / "build").rglob("*.o")}
     ort_obj, torch_obj = objects[f"{NAME}_ort.o"], objects[f"{NAME}_torch.o"]
     before = {ort_obj: ort_obj.stat().st_mtime_ns, torch_obj: torch_obj.stat().st_mtime_ns}
-    (pkg_dir / PKG / "csrc" / f"{NAME}_ort.cc").touch()
+    (pkg_dir / "src" / PKG / "csrc" / f"{NAME}_ort.cc").touch()
     env = dict(os.environ, OPFORGE_CUDA="1" if _nvcc() else "0")
     build = _run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
                  cwd=pkg_dir.parent, env=env)

@@ -177,3 +177,23 @@ def test_second_library_for_a_registered_domain_is_a_clear_ort_error(tmp_path):
     with pytest.raises(Exception, match="libopforge_ort serves the ONNX domain 'opforge', which these SessionOptions "
                                         "already have from libsomebody_else; ONNX Runtime allows one"):
         so.register_custom_ops_library(opforge.ort_library_path())
+
+
+def test_ort_session_names_a_spec_whose_library_has_no_kernel():
+    """A spec registered for a domain whose library lacks its kernel: ort_session says which
+    piece is missing, instead of ORT's bare 'not a registered function/op'."""
+    from opforge.ort_kernels import _KERNEL_AUDIT
+
+    path = opforge.ort_library_path()
+    _KERNEL_AUDIT[("opforge", path)] = ["opforge::phantom"]  # what the probe reports for such a spec
+    try:
+        node = helper.make_node("phantom", ["X"], ["Y"], domain="opforge")
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("opforge", 1)])
+        with pytest.raises(opforge.MissingOrtKernels, match=r"opforge::phantom has a spec .* libopforge_ort.so has no kernel"):
+            opforge.ort_session(model)
+        with pytest.warns(UserWarning, match="opforge::phantom has a spec but libopforge_ort.so has no kernel"):
+            opforge.ort_session(_my_add_model())
+    finally:
+        del _KERNEL_AUDIT[("opforge", path)]

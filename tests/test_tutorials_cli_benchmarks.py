@@ -34,7 +34,7 @@ def test_tutorial_01_covers_the_whole_flow(tmp_path):
 
 def test_tutorial_05_covers_the_toolkit_flow(tmp_path):
     out = run([str(ROOT / "tutorials" / "05_your_own_op.py")], cwd=tmp_path).stdout
-    for line in ("1. opforge new-op", "tutorial_ops/csrc/swish.h", "torch op tutorial_ops::swish  ->  ONNX node "
+    for line in ("1. opforge new-op", "src/tutorial_ops/csrc/swish.h", "torch op tutorial_ops::swish  ->  ONNX node "
                  "com.example.tutorial::swish", "opcheck, gradcheck, numpy reference, float32 attributes, bad inputs: ok",
                  "[dynamo] opforge::my_add, com.example.tutorial::swish", "[torchscript] opforge::my_add, "
                  "com.example.tutorial::swish", "tutorial 05: all checks passed"):

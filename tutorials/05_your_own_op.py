@@ -45,7 +45,7 @@ def main() -> int:
 
     step("1. opforge new-op: a complete, working op to start from")
     pkg_dir = new_op(NAME, PKG, work / PKG, domain=DOMAIN, cuda=False, log=lambda s: None)
-    csrc = pkg_dir / PKG / "csrc"
+    csrc = pkg_dir / "src" / PKG / "csrc"
     for f in sorted(p.relative_to(pkg_dir) for p in pkg_dir.rglob("*") if p.is_file()):
         print("  ", f)
     print("   the math lives in", (csrc / f"{NAME}.h").relative_to(pkg_dir), "- shared by torch and ORT kernels:")
@@ -59,7 +59,7 @@ def main() -> int:
     print(f"   torch extension: {torch_lib}\n   ORT library:     {ort_lib}  ({time.perf_counter() - t0:.0f} s)")
 
     step("3. the spec: one description from which opforge derives everything else")
-    spec_module = _load_spec_module(pkg_dir / PKG / f"{NAME}.py")
+    spec_module = _load_spec_module(pkg_dir / "src" / PKG / f"{NAME}.py")
     spec = getattr(spec_module, NAME.upper())
     op = opforge.register_op(spec)  # fake impl, autograd, ONNX schema, TorchScript symbolics, dynamo translation
     opforge.check_library(PKG)  # every op of TORCH_LIBRARY(tutorial_ops) has a spec

@@ -226,7 +226,30 @@ def _has_domain(so, domain: str) -> bool:
         return False
 
 
-def _register_libraries(so, domains) -> list[str]:
+#: (domain, library path) -> the ops of that domain with a spec but no kernel in the library
+_KERNEL_AUDIT: dict[tuple[str, str], list[str]] = {}
+
+
+def _audit(domain: str, path: str, used: Sequence[str]) -> None:
+    """Every registered spec of ``domain`` must have a kernel in its library: checked once per
+    library and process. A missing kernel the model uses is an error naming it; others warn."""
+    import warnings
+
+    key = (domain, path)
+    if key not in _KERNEL_AUDIT:
+        _KERNEL_AUDIT[key] = check_library_kernels(domain) if domain != ATEN_DOMAIN else []
+    missing = _KERNEL_AUDIT[key]
+    if not missing:
+        return
+    lib = Path(path).name
+    needed = [m for m in missing if m in used]
+    if needed:
+        raise MissingOrtKernels(f"opforge: {', '.join(needed)} has a spec (opforge.register_op) but {lib} has no "
+                                "kernel for it: add one (OPFORGE_ORT_KERNELS in the library's sources) and rebuild")
+    warnings.warn(f"opforge: {', '.join(missing)} has a spec but {lib} has no kernel for it", stacklevel=3)
+
+
+def _register_libraries(so, domains, used: Sequence[str] = ()) -> list[str]:
     """Registers the library of each domain in ``so`` unless it already has one (libraries built
     on opforge mark the options); returns the domains with no known library."""
     unknown = []
@@ -238,6 +261,7 @@ def _register_libraries(so, domains) -> list[str]:
         except MissingOrtLibrary:
             unknown.append(domain)
             continue
+        _audit(domain, path, used)
         so.register_custom_ops_library(path)
     return unknown
 
@@ -276,7 +300,7 @@ def ort_session(
         domains.append(ATEN_DOMAIN)
     if register_aten is False and ATEN_DOMAIN in domains:
         domains.remove(ATEN_DOMAIN)
-    unknown = _register_libraries(so, domains)
+    unknown = _register_libraries(so, domains, [op for ops in needed.values() for op in ops])
     try:
         return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
     except Exception as exc:  # ORT raises its own pybind exception types
