@@ -271,8 +271,9 @@ def opt_flags() -> list[str]:
 
 
 def _is_temporary(path: str) -> bool:
-    real = os.path.realpath(path)
-    return "pip-build-env" in real or real.startswith(os.path.realpath(tempfile.gettempdir()) + os.sep)
+    """A directory of an isolated build env (pip's or `python -m build`'s), deleted after the build."""
+    parts = os.path.realpath(path).split(os.sep)
+    return any(p.startswith(("pip-build-env-", "build-env-")) for p in parts)
 
 
 def rpath_flags(lib_dirs: Iterable[str], module_name: str) -> list[str]:
@@ -390,9 +391,11 @@ def build_ext(*, build_dir: Optional[str] = None):
 
         def build_extension(self, ext):
             # Absolute run paths serve in-place / editable builds (the library lives in the source
-            # tree, outside site-packages); a wheel or a site-packages install keeps only the
-            # $ORIGIN-relative ones, so it never reaches into the builder's environment.
-            if not (self.inplace or getattr(self, "editable_mode", False)):
+            # tree, outside site-packages); a wheel (also what `pip install .` builds) keeps only the
+            # $ORIGIN-relative ones, so it never reaches into the builder's environment. (build_ext's
+            # own inplace/editable_mode flags are not reliable here: PEP 660 editable builds may
+            # compile out of place and copy the results into the tree.)
+            if "bdist_wheel" in (self.distribution.commands or []):
                 ext.extra_link_args = [a for a in ext.extra_link_args if not a.startswith("-Wl,-rpath,/")]
             return super().build_extension(ext)
 

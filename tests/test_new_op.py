@@ -167,6 +167,17 @@ def test_incremental_rebuild_compiles_only_the_touched_source(scaffold):
     assert torch_obj.stat().st_mtime_ns == before[torch_obj], "an untouched source was recompiled"
 
 
+def test_info_lists_the_new_op_and_its_library(scaffold):
+    """`opforge info` finds installed packages through their entry points (opforge.extensions,
+    opforge.ort_libraries) and lists their ops and libraries beside the built-in ones."""
+    python, pkg_dir = scaffold
+    info = _run([python, "-m", "opforge", "info"], cwd=pkg_dir.parent)
+    assert info.returncode == 0, info.stderr
+    assert f"op             {DOMAIN}::{NAME} v1: torch.ops.{PKG}.{NAME} ({PKG}::{NAME}(Tensor x, float alpha)" in info.stdout
+    assert f"ORT library    {DOMAIN}: {pkg_dir / 'src' / PKG / f'lib{PKG}_ort.so'}" in info.stdout
+    assert "op             opforge::my_add" in info.stdout and "could not load" not in info.stdout
+
+
 def test_new_op_cli_errors_are_clear(tmp_path):
     not_empty = tmp_path / "taken"
     not_empty.mkdir()
