@@ -1,4 +1,4 @@
-"""``opforge`` command line (also ``python -m opforge``).
+"""opforge: PyTorch custom ops end to end, from torch to ONNX Runtime (also: python -m opforge).
 
     opforge demo [--exporter {both,dynamo,torchscript}] [--opset N] [--out DIR]
     opforge info
@@ -190,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Writes an installable package with a working op y = x * sigmoid(alpha * x) "
                          "(torch CPU/CUDA kernels, ORT CPU/CUDA-EP kernels, spec, tests, README).")
     new.add_argument("name", help="op name (torch.ops.PKG.NAME)")
-    new.add_argument("--package", required=True, help="Python package and torch namespace")
-    new.add_argument("--dir", default=None, help="where to write it (default: ./PKG)")
+    new.add_argument("--package", required=True, metavar="PKG", help="Python package and torch namespace")
+    new.add_argument("--dir", default=None, metavar="DIR", help="where to write it (default: ./PKG)")
     new.add_argument("--domain", default=None, help="ONNX domain of the op (default: PKG), e.g. com.example")
     cuda = new.add_mutually_exclusive_group()
     cuda.add_argument("--cuda", dest="cuda", action="store_true", default=True,
