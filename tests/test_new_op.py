@@ -144,6 +144,13 @@ def test_new_op_library_runs_in_a_torch_free_process(scaffold):
         (y,) = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {{"X": x}})
         xf = x.astype(np.float32)
         np.testing.assert_allclose(y.astype(np.float32), xf / (1 + np.exp(np.float32(-0.75) * xf)), rtol=2e-3, atol=1e-3)
+        bad = helper.make_model(helper.make_graph([helper.make_node("{NAME}", ["X"], ["Y"], domain="{DOMAIN}")], "g",
+                                                  graph.input, graph.output), opset_imports=model.opset_import)
+        try:  # no alpha: the session fails naming the op and the attribute
+            ort.InferenceSession(bad.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            raise SystemExit("a node without alpha was accepted")
+        except Exception as exc:
+            assert "{DOMAIN}::{NAME}: the node needs the float attribute 'alpha'" in str(exc), str(exc)
         assert "torch" not in sys.modules, "torch got imported"
         print("ok")
     """)

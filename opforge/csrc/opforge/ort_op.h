@@ -15,8 +15,10 @@
 #include <onnxruntime_lite_custom_op.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/format.h"
@@ -91,6 +93,48 @@ void for_each_float_type(Fn&& fn) {
   fn(double{});
   fn(Ort::Float16_t{});
   fn(Ort::BFloat16_t{});
+}
+
+// ---- node checks at kernel creation --------------------------------------------------
+// ORT creates one kernel per node when a session is created. A malformed node must
+// fail there, with an error naming the op and the argument: the lite API would
+// otherwise dereference an omitted ("") input before the kernel runs (a crash), and
+// ORT's own attribute errors name no op. An Ort::Exception thrown by a kernel's
+// constructor makes session creation fail with its message.
+[[noreturn]] inline void node_error(const std::string& msg) { throw Ort::Exception(std::string(msg), ORT_INVALID_ARGUMENT); }
+
+// The node has exactly the inputs `names` (in order), none omitted, and `outputs` outputs.
+inline void check_node_arity(const OrtKernelInfo* info, const char* op, std::initializer_list<const char*> names,
+                             size_t outputs = 1) {
+  const Ort::ConstKernelInfo ki(info);
+  std::string expected;
+  for (const char* name : names) expected += std::string(expected.empty() ? "" : ", ") + name;
+  const size_t n = ki.GetInputCount();
+  if (n != names.size())
+    node_error(std::string(op) + ": the node has " + std::to_string(n) + " input(s); expected " +
+               std::to_string(names.size()) + " (" + expected + ")");
+  size_t i = 0;
+  for (const char* name : names) {
+    if (ki.GetInputName(i).empty())
+      node_error(std::string(op) + ": input " + std::to_string(i) + " (" + name +
+                 ") is omitted (\"\"), but it is required");
+    ++i;
+  }
+  if (ki.GetOutputCount() != outputs)
+    node_error(std::string(op) + ": the node has " + std::to_string(ki.GetOutputCount()) + " output(s); expected " +
+               std::to_string(outputs));
+}
+
+// A required attribute of the node; its absence (or a wrong type) is an error naming op and attribute.
+template <typename T>
+T node_attribute(const OrtKernelInfo* info, const char* op, const char* name) {
+  static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, float>, "int64_t or float attributes");
+  try {
+    return Ort::ConstKernelInfo(info).GetAttribute<T>(name);
+  } catch (const Ort::Exception& e) {
+    node_error(std::string(op) + ": the node needs the " + (std::is_same_v<T, float> ? "float" : "int") +
+               " attribute '" + name + "' (" + e.what() + ")");
+  }
 }
 
 // ---- kernel registry ---------------------------------------------------------------

@@ -15,16 +15,19 @@ namespace opforge {
 namespace ort {
 
 DeformConv2dAttrs::DeformConv2dAttrs(const OrtKernelInfo* info) {
-  Ort::ConstKernelInfo ki(info);
-  stride_h = ki.GetAttribute<int64_t>("stride_h");
-  stride_w = ki.GetAttribute<int64_t>("stride_w");
-  pad_h = ki.GetAttribute<int64_t>("pad_h");
-  pad_w = ki.GetAttribute<int64_t>("pad_w");
-  dil_h = ki.GetAttribute<int64_t>("dilation_h");
-  dil_w = ki.GetAttribute<int64_t>("dilation_w");
-  groups = ki.GetAttribute<int64_t>("groups");
-  offset_groups = ki.GetAttribute<int64_t>("offset_groups");
-  use_mask = ki.GetAttribute<int64_t>("use_mask") != 0;
+  constexpr const char* op = "opforge::deform_conv2d";
+  // All five inputs, always (the torch schema's; an unused mask is an empty tensor, as torchvision passes it).
+  check_node_arity(info, op, {"input", "weight", "offset", "mask", "bias"});
+  const auto attr = [&](const char* name) { return node_attribute<int64_t>(info, op, name); };
+  stride_h = attr("stride_h");
+  stride_w = attr("stride_w");
+  pad_h = attr("pad_h");
+  pad_w = attr("pad_w");
+  dil_h = attr("dilation_h");
+  dil_w = attr("dilation_w");
+  groups = attr("groups");
+  offset_groups = attr("offset_groups");
+  use_mask = attr("use_mask") != 0;
 }
 
 std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,

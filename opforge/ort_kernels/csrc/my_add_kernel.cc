@@ -30,27 +30,33 @@ Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<i
   return Ort::Status(nullptr);
 }
 
-template <typename T>
-Ort::Status my_add_compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
-                           Ort::Custom::Tensor<T>& out) {
-  core::BinaryPlan plan;
-  std::vector<int64_t> out_shape;
-  if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;
-  T* po = out.Allocate(out_shape);
-  if (plan.numel == 0) return Ort::Status(nullptr);
+void check_my_add_node(const OrtKernelInfo* info) { check_node_arity(info, "opforge::my_add", {"A", "B"}); }
 
-  const auto* pa = core_ptr(a.Data());
-  const auto* pb = core_ptr(b.Data());
-  auto* pc = core_ptr(po);
-  parallel_for(ctx, plan.numel, core::kMyAddGrain,
-               [&](int64_t begin, int64_t end) { core::my_add_range(plan, pa, pb, pc, begin, end); });
-  return Ort::Status(nullptr);
-}
+template <typename T>
+struct MyAddKernel {
+  MyAddKernel(const OrtApi*, const OrtKernelInfo* info) { check_my_add_node(info); }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
+                      Ort::Custom::Tensor<T>& out) {
+    core::BinaryPlan plan;
+    std::vector<int64_t> out_shape;
+    if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;
+    T* po = out.Allocate(out_shape);
+    if (plan.numel == 0) return Ort::Status(nullptr);
+
+    const auto* pa = core_ptr(a.Data());
+    const auto* pb = core_ptr(b.Data());
+    auto* pc = core_ptr(po);
+    parallel_for(ctx, plan.numel, core::kMyAddGrain,
+                 [&](int64_t begin, int64_t end) { core::my_add_range(plan, pa, pb, pc, begin, end); });
+    return Ort::Status(nullptr);
+  }
+};
 
 static void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
   // One kernel per element type under the same name: ORT picks by input type.
   for_each_float_type([&](auto tag) {
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp("my_add", kCpuEp, my_add_compute<decltype(tag)>));
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<MyAddKernel<decltype(tag)>>("my_add", kCpuEp));
   });
 }
 

@@ -17,7 +17,8 @@ namespace ort {
 // The custom ONNX domain of opforge's own ops; must match opforge/spec.py: DOMAIN.
 inline constexpr const char* kDomain = "opforge";
 
-// my_add's shape checks and broadcasting plan (CPU and CUDA kernels).
+// my_add's node check (kernel creation) and shape checks + broadcasting plan (CPU and CUDA kernels).
+void check_my_add_node(const OrtKernelInfo* info);
 Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,
                         std::vector<int64_t>& out_shape, core::BinaryPlan& plan);
 
