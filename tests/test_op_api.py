@@ -4,7 +4,6 @@ check_library, ORT libraries by domain, and ort_session's registration rules."""
 import types
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch

@@ -35,7 +35,6 @@ ENTRY_POINT_GROUP = "opforge.ort_libraries"
 ATEN_DOMAIN = "org.pytorch.aten"
 _LIB_NAME = "libopforge_ort.so"
 _ATEN_LIB_NAME = "libopforge_aten.so"
-_ATEN_DOMAIN = ATEN_DOMAIN
 
 #: Domains ONNX Runtime implements itself: never a custom-op library's.
 BUILTIN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft",
