@@ -110,8 +110,7 @@ def aten_library():
         library_dirs=lib_dirs,
         libraries=["c10", "torch_cpu"] + cuda_libs,  # not torch_python: any ORT process, no Python needed
         language="c++",
-        extra_compile_args=B.opt_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
-        + cuda_flags,
+        extra_compile_args=B.ort_cxx_flags("c++20") + cuda_flags,
         extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", *B.rpath_flags(lib_dirs, name), *cuda_link],
         py_limited_api=False,
     )

@@ -270,6 +270,18 @@ def opt_flags() -> list[str]:
     return ["-O0", "-g"] if os.environ.get("OPFORGE_DEBUG") == "1" else ["-O3", "-g0"]
 
 
+def torch_cxx_flags() -> list[str]:
+    """Host-compiler flags of a torch extension. OpenMP: ``at::parallel_for`` is an inline
+    OpenMP region, serial without it (the runtime libgomp is the one torch loaded)."""
+    return opt_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
+
+
+def ort_cxx_flags(std: str = "c++17") -> list[str]:
+    """Host-compiler flags of an ORT custom-op library: the running ORT hands over its API
+    (ORT_API_MANUAL_INIT), and nothing but RegisterCustomOps is visible."""
+    return opt_flags() + [f"-std={std}", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
+
+
 def _is_temporary(path: str) -> bool:
     """A directory of an isolated build env (pip's or `python -m build`'s), deleted after the build."""
     parts = os.path.realpath(path).split(os.sep)
@@ -319,7 +331,7 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
     resolve_cuda_home()
     from torch.utils import cpp_extension
 
-    cxx = opt_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas", *extra_cxx_flags]
+    cxx = torch_cxx_flags() + list(extra_cxx_flags)
     common = dict(include_dirs=[str(CSRC_DIR), *include_dirs], define_macros=list(define_macros),
                   extra_link_args=["-fopenmp", *kwargs.pop("extra_link_args", [])], py_limited_api=True, **kwargs)
     srcs = _paths(sources)
@@ -343,7 +355,7 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
     ``$ORIGIN``-relative run paths."""
     from setuptools import Extension
 
-    cxx = opt_flags() + ["-std=c++17", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT", *extra_cxx_flags]
+    cxx = ort_cxx_flags() + list(extra_cxx_flags)
     link = [f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed"]
     incs = [str(CSRC_DIR), *include_dirs, ort_include_dir(extra_candidates=ort_include_candidates)]
     srcs = _paths(sources)
@@ -419,8 +431,7 @@ def load(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
 
     with_cuda = bool(cuda_sources) and cuda_enabled()
     srcs = [os.path.abspath(s) for s in _paths(sources) + (_paths(cuda_sources) if with_cuda else [])]
-    flags = opt_flags() + ["-fopenmp", "-fvisibility=hidden", *(["-DOPFORGE_WITH_CUDA"] if with_cuda else []),
-                           *extra_cflags]
+    flags = torch_cxx_flags() + (["-DOPFORGE_WITH_CUDA"] if with_cuda else []) + list(extra_cflags)
     build_directory = build_directory or str(cache_dir() / "jit" / name)
     os.makedirs(build_directory, exist_ok=True)
     # is_python_module=False: built as a plain library and loaded with torch.ops.load_library
@@ -441,8 +452,7 @@ def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str]
     srcs = [os.path.abspath(s) for s in _paths(sources)]
     incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
     cxx = os.environ.get("CXX", "c++")
-    cflags = ["-fPIC", "-std=c++17", *opt_flags(), "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT",
-              *(f"-I{d}" for d in incs), *extra_cflags]
+    cflags = ["-fPIC", *ort_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags]
     out = build_directory / f"lib{name}.so"
     objs = [f"obj_{i}_{Path(s).stem}.o" for i, s in enumerate(srcs)]
     q = shlex.quote

@@ -46,8 +46,8 @@ REGISTER_HINT = "sess_options.register_custom_ops_library(opforge.ort_library_pa
 PathSource = Union[str, os.PathLike, Callable[[], Union[str, os.PathLike]]]
 
 
-def _opforge_library() -> str:
-    path = Path(__file__).with_name(_LIB_NAME)
+def _built_library(name: str) -> str:
+    path = Path(__file__).with_name(name)
     if not path.is_file():
         raise FileNotFoundError(
             f"opforge: {path} is not built. Build opforge with `pip install --no-build-isolation -e .` "
@@ -56,17 +56,10 @@ def _opforge_library() -> str:
     return str(path)
 
 
-def _aten_library() -> str:
-    path = Path(__file__).with_name(_ATEN_LIB_NAME)
-    if not path.is_file():
-        raise FileNotFoundError(f"opforge: {path} is not built. Build opforge with `pip install --no-build-isolation -e .`")
-    return str(path)
-
-
 #: domain -> (where it came from, path or zero-argument function returning the path)
 _LIBRARIES: dict[str, tuple[str, PathSource]] = {
-    DOMAIN: ("opforge (built-in)", _opforge_library),
-    ATEN_DOMAIN: ("opforge (built-in, links libtorch)", _aten_library),
+    DOMAIN: ("opforge (built-in)", lambda: _built_library(_LIB_NAME)),
+    ATEN_DOMAIN: ("opforge (built-in, links libtorch)", lambda: _built_library(_ATEN_LIB_NAME)),
 }
 
 
@@ -327,7 +320,7 @@ def ort_session(
 
 def check_library_kernels(domain: str, specs=None) -> list[str]:
     """The ops of ``domain`` that have a registered spec but no kernel in the domain's ORT
-    library (probed by creating one ORT session with a node per op)."""
+    library (probed by creating an ORT session with one node of each op)."""
     import onnxruntime as ort
     from onnx import helper
 
