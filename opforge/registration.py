@@ -135,6 +135,21 @@ def check_library(namespace: str, specs: Optional[Iterable[OpSpec]] = None) -> N
         )
 
 
+def check_same_device(op: str, **tensors: Optional[torch.Tensor]) -> None:
+    """For fake impls: the check every opforge kernel makes (opforge/torch_op.h),
+    same ValueError and words, so torch.compile rejects mixed devices as eager does.
+    Pass the tensors by argument name; None is skipped."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first = (name, t)
+        elif t.device != first[1].device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {first[0]} is on {first[1].device}; "
+                             "all tensors must be on one device")
+
+
 def spec_of(torch_qualname: str) -> Optional[OpSpec]:
     """The registered spec of a torch op (``"ns::name"`` or an alias), or None."""
     for s in _spec.REGISTRY.values():
@@ -143,4 +158,5 @@ def spec_of(torch_qualname: str) -> Optional[OpSpec]:
     return None
 
 
-__all__ = ["OpRegistrationError", "check_library", "library_ops", "register_op", "spec_of", "torch_op"]
+__all__ = ["OpRegistrationError", "check_library", "check_same_device", "library_ops", "register_op", "spec_of",
+           "torch_op"]

@@ -23,19 +23,32 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ..registration import register_op
+from ..registration import check_same_device, register_op
 from ._registry import _C
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
 
 
 def _out_size(size, pad, dil, k, stride):
-    return (size + 2 * pad - (dil * (k - 1) + 1)) // stride + 1
+    """One output dimension, the kernel's rule (core::deform_conv2d_out_size) for
+    symbolic sizes: C++ integer division truncates toward zero, so a kernel up to
+    stride-1 wider than the padded input still gives one output (torchvision's)."""
+    span = size + 2 * pad - (dil * (k - 1) + 1)
+    return (span // stride if span >= 0 else -((-span) // stride)) + 1
+
+
+def _concrete(values) -> bool:
+    return all(type(v) is int for v in values)
 
 
 def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
            offset_groups, use_mask):
-    """The kernel's argument checks (core/deform_conv2d.h), for fake tensors: same types and words."""
+    """The kernel's argument checks for fake tensors, same exception types and words.
+
+    Dtypes are checked here; shapes and attributes by the kernel's own C++ rule
+    (core::deform_conv2d_check, through ``_deform_conv2d_output_shape``) whenever
+    the sizes are concrete, so fake and real accept, reject and size alike by
+    construction. Symbolic sizes (dynamic shapes) get the same output formula."""
     op = "opforge::deform_conv2d: "
     if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         raise TypeError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and bfloat16")
@@ -44,43 +57,27 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
             continue
         if t.dtype != input.dtype:
             raise TypeError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
-    if input.dim() != 4:
-        raise ValueError(f"{op}input must be 4-D [N, C, H, W], got shape {list(input.shape)}")
-    if weight.dim() != 4:
-        raise ValueError(f"{op}weight must be 4-D [O, C/groups, kh, kw], got shape {list(weight.shape)}")
-    if offset.dim() != 4:
-        raise ValueError(f"{op}offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape {list(offset.shape)}")
-    if stride_h <= 0 or stride_w <= 0:
-        raise ValueError(f"{op}stride must be positive, got ({stride_h}, {stride_w})")
-    if dil_h <= 0 or dil_w <= 0:
-        raise ValueError(f"{op}dilation must be positive, got ({dil_h}, {dil_w})")
-    if pad_h < 0 or pad_w < 0:
-        raise ValueError(f"{op}padding must be non-negative, got ({pad_h}, {pad_w})")
-    if groups <= 0:
-        raise ValueError(f"{op}groups must be positive, got {groups}")
-    if offset_groups <= 0:
-        raise ValueError(f"{op}offset_groups must be positive, got {offset_groups}")
-    n, c, h, w = input.shape
-    o, cg, kh, kw = weight.shape
-    if c % groups != 0:
-        raise ValueError(f"{op}groups ({groups}) must divide input channels ({c})")
-    if o % groups != 0:
-        raise ValueError(f"{op}groups ({groups}) must divide output channels (weight.size(0) = {o})")
-    if cg * groups != c:
-        raise ValueError(f"{op}weight.size(1) * groups must equal input channels: {cg} * {groups} != {c}")
-    if c % offset_groups != 0:
-        raise ValueError(f"{op}offset_groups ({offset_groups}) must divide input channels ({c})")
-    oh, ow = _out_size(h, pad_h, dil_h, kh, stride_h), _out_size(w, pad_w, dil_w, kw, stride_w)
-    want = [n, 2 * offset_groups * kh * kw, oh, ow]
-    if list(offset.shape) != want:
-        raise ValueError(f"{op}offset must have shape {want} (N, 2*offset_groups*kh*kw, out_h, out_w), got {list(offset.shape)}")
-    if use_mask:
-        want_mask = [n, offset_groups * kh * kw, oh, ow]
-        if list(mask.shape) != want_mask:
-            raise ValueError(f"{op}mask must have shape {want_mask} (N, offset_groups*kh*kw, out_h, out_w), got {list(mask.shape)}")
-    if list(bias.shape) != [o]:
-        raise ValueError(f"{op}bias must have shape [{o}], got {list(bias.shape)}")
-    return n, o, oh, ow
+    ints = (stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups)
+    shapes = [list(t.shape) for t in (input, weight, offset, mask, bias)]
+    if _concrete([v for shape in shapes for v in shape] + list(ints)):
+        out_shape = tuple(_output_shape(*shapes, *ints, bool(use_mask)))
+    elif input.dim() != 4 or weight.dim() != 4:
+        raise ValueError(f"{op}input and weight must be 4-D, got shapes {shapes[0]} and {shapes[1]}")
+    else:
+        n, _, h, w = input.shape
+        o, _, kh, kw = weight.shape
+        out_shape = n, o, _out_size(h, pad_h, dil_h, kh, stride_h), _out_size(w, pad_w, dil_w, kw, stride_w)
+    check_same_device("opforge::deform_conv2d", input=input, weight=weight, offset=offset,
+                      mask=mask if use_mask else None, bias=bias)
+    return out_shape
+
+
+def _output_shape(*args):
+    # A shape computation, not tensor work: run it outside any dispatch mode (fake, functionalisation).
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return torch.ops.opforge._deform_conv2d_output_shape(*args)
 
 
 def _fake(input, weight, offset, mask, bias, *ints_and_mask):
@@ -149,12 +146,24 @@ def _reference(input, weight, offset, mask, bias, *, stride_h, stride_w, pad_h, 
 
 
 def _output_shapes(shapes, attrs):
+    """ONNX shape inference: the kernel's rule (via _output_shape) when every size
+    is known, so an invalid node infers no shape rather than a wrong one; per
+    dimension otherwise."""
     x, w = shapes[0], shapes[1]
     if x is None or w is None or len(x) != 4 or len(w) != 4:
         return [None]
+    ints = [attrs[n] for n in _INTS]
+    if all(s is not None and _concrete(s) for s in shapes) and _concrete(ints):
+        try:
+            return [list(_output_shape(*shapes, *ints, bool(attrs["use_mask"])))]
+        except ValueError:
+            return [None]
 
     def dim(size, pad, dil, k, stride):
-        return _out_size(size, pad, dil, k, stride) if isinstance(size, int) and isinstance(k, int) else None
+        if not (isinstance(size, int) and isinstance(k, int)) or k <= 0 or stride <= 0:
+            return None
+        out = _out_size(size, pad, dil, k, stride)
+        return out if out > 0 else None
 
     return [[x[0], w[0], dim(x[2], attrs["pad_h"], attrs["dilation_h"], w[2], attrs["stride_h"]),
              dim(x[3], attrs["pad_w"], attrs["dilation_w"], w[3], attrs["stride_w"])]]
@@ -179,7 +188,7 @@ def _standard_dynamo(input, weight, offset, mask, bias, stride_h, stride_w, pad_
 DEFORM_CONV2D = _spec.OpSpec(
     name="deform_conv2d",
     namespace=_spec.DOMAIN,
-    helper_ops=("_deform_conv2d_backward",),
+    helper_ops=("_deform_conv2d_backward", "_deform_conv2d_output_shape"),
     schema=(
         "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
         "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
@@ -222,14 +231,21 @@ def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tenso
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
+    for name, t, layout in (("input", input, "[N, C, H, W]"), ("weight", weight, "[O, C/groups, kh, kw]"),
+                            ("offset", offset, "[N, 2*offset_groups*kh*kw, oh, ow]")):
+        if t.dim() != 4:  # the rank is needed below to infer groups and offset_groups
+            raise ValueError(f"opforge::deform_conv2d: {name} must be 4-D {layout}, got shape {list(t.shape)}")
     kh, kw = weight.shape[-2:]
     use_mask = mask is not None
     if mask is None:
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
     if bias is None:
         bias = torch.zeros(weight.shape[0], device=input.device, dtype=input.dtype)
+    if kh * kw == 0:
+        raise ValueError(f"opforge::deform_conv2d: weight has an empty kernel, shape {list(weight.shape)}")
     offset_groups = offset.shape[1] // (2 * kh * kw)
-    groups = input.shape[1] // weight.shape[1]
+    # torchvision's inference of groups; no channels at all (C = 0) means one group
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] else 1
     if offset_groups == 0:
         raise ValueError(f"opforge::deform_conv2d: offset has {offset.shape[1]} channels, fewer than 2*kh*kw = {2 * kh * kw}")
     return deform_conv2d_op(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,

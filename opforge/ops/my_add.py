@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ..registration import register_op
+from ..registration import check_same_device, register_op
 from ._registry import _C
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -30,6 +30,7 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> list:
         raise TypeError(
             f"opforge::my_add: a has dtype {a.dtype}; supported dtypes are float16, bfloat16, float32 and float64"
         )
+    check_same_device("opforge::my_add", a=a, b=b)
     try:
         return list(torch.broadcast_shapes(a.shape, b.shape))
     except RuntimeError:

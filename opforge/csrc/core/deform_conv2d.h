@@ -35,11 +35,56 @@ namespace opforge {
 namespace core {
 
 
+// Shape arithmetic in int64 that reports overflow instead of wrapping: a
+// shape rule evaluated with wrapped products would accept absurd arguments
+// (offset_groups = 2^62+1 makes 2*offset_groups*kh*kw wrap to a small number)
+// and the kernel would then read out of bounds.
+inline bool mul_fits(int64_t a, int64_t b, int64_t* r) { return !__builtin_mul_overflow(a, b, r); }
+inline bool add_fits(int64_t a, int64_t b, int64_t* r) { return !__builtin_add_overflow(a, b, r); }
+
+// The output size of one spatial dimension, torchvision's rule: (size + 2*pad -
+// (dil*(k-1) + 1)) / stride + 1 with C++ division (truncates toward zero: a
+// kernel up to stride-1 wider than the padded input still gives one output).
+// The fake impl and ONNX shape inference use the same rule (deform_conv2d.py
+// calls this through torch.ops.opforge._deform_conv2d_output_shape). Returns
+// false when an intermediate overflows int64.
+inline bool deform_conv2d_out_size(int64_t size, int64_t pad, int64_t dil, int64_t k, int64_t stride, int64_t* out) {
+  int64_t extent, pad2, span;
+  if (!mul_fits(dil, k - 1, &extent) || !add_fits(extent, 1, &extent) || !mul_fits(2, pad, &pad2) ||
+      !add_fits(size, pad2, &span))
+    return false;
+  *out = (span - extent) / stride + 1;  // span, extent >= 0: no overflow
+  return true;
+}
+
+// The rules on the integer attributes alone: the ORT kernels apply them when
+// the node's kernel is created (a bad attribute fails the session), and
+// deform_conv2d_check repeats them for torch.
+inline std::string deform_conv2d_check_attrs(int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                             int64_t dil_h, int64_t dil_w, int64_t weight_groups,
+                                             int64_t offset_groups) {
+  const std::string op = "opforge::deform_conv2d: ";
+  const auto pair = [](int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; };
+  if (stride_h <= 0 || stride_w <= 0) return op + "stride must be positive, got " + pair(stride_h, stride_w);
+  if (dil_h <= 0 || dil_w <= 0) return op + "dilation must be positive, got " + pair(dil_h, dil_w);
+  if (pad_h < 0 || pad_w < 0) return op + "padding must be non-negative, got " + pair(pad_h, pad_w);
+  if (weight_groups <= 0) return op + "groups must be positive, got " + std::to_string(weight_groups);
+  if (offset_groups <= 0) return op + "offset_groups must be positive, got " + std::to_string(offset_groups);
+  return "";
+}
+
+// Largest input plane (H*W pixels) the kernels address: bilinear tap corners are
+// 32-bit plane indices (core/deform_conv2d_tap.h) to halve the tap tables.
+constexpr int64_t kDeformMaxPlanePixels = 2147483647;
+
 // Checks every argument against torchvision's contract and fills p (incl.
 // out_h/out_w). Returns "" when valid, else a message naming op and argument;
-// both front ends raise it (torch: Python exception, ORT: error status).
-// Shapes are given as (pointer, rank); mask_dims may be null when !use_mask,
-// bias_dims null when there is no bias.
+// every front end raises it (torch CPU/CUDA: Python exception, ORT CPU/CUDA:
+// error status). Shapes are given as (pointer, rank); mask_dims may be null
+// when !use_mask. bias is required ([O]; torch passes zeros for "no bias").
+// All arithmetic is overflow-checked, group counts are bounded by the channel
+// count (C = 0 would otherwise accept 2^62 groups, each an empty loop) and
+// every buffer size the kernels compute fits int64.
 inline std::string deform_conv2d_check(const int64_t* input, int input_rank, const int64_t* weight, int weight_rank,
                                        const int64_t* offset, int offset_rank, const int64_t* mask, int mask_rank,
                                        const int64_t* bias, int bias_rank, int64_t stride_h, int64_t stride_w,
@@ -47,17 +92,14 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
                                        int64_t weight_groups, int64_t offset_groups, bool use_mask,
                                        DeformConv2dParams& p) {
   const std::string op = "opforge::deform_conv2d: ";
+  const auto str = [](int64_t v) { return std::to_string(v); };
   if (input_rank != 4) return op + "input must be 4-D [N, C, H, W], got shape " + dims_str(input, input_rank);
   if (weight_rank != 4) return op + "weight must be 4-D [O, C/groups, kh, kw], got shape " + dims_str(weight, weight_rank);
   if (offset_rank != 4) return op + "offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape " + dims_str(offset, offset_rank);
-  if (stride_h <= 0 || stride_w <= 0)
-    return op + "stride must be positive, got (" + std::to_string(stride_h) + ", " + std::to_string(stride_w) + ")";
-  if (dil_h <= 0 || dil_w <= 0)
-    return op + "dilation must be positive, got (" + std::to_string(dil_h) + ", " + std::to_string(dil_w) + ")";
-  if (pad_h < 0 || pad_w < 0)
-    return op + "padding must be non-negative, got (" + std::to_string(pad_h) + ", " + std::to_string(pad_w) + ")";
-  if (weight_groups <= 0) return op + "groups must be positive, got " + std::to_string(weight_groups);
-  if (offset_groups <= 0) return op + "offset_groups must be positive, got " + std::to_string(offset_groups);
+  if (std::string err = deform_conv2d_check_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, weight_groups,
+                                                  offset_groups);
+      !err.empty())
+    return err;
   p = DeformConv2dParams{};
   p.batch = input[0];
   p.in_channels = input[1];
@@ -75,40 +117,62 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   p.weight_groups = weight_groups;
   p.offset_groups = offset_groups;
   p.use_mask = use_mask;
+  const int64_t C = p.in_channels, O = p.out_channels;
   if (p.kernel_h <= 0 || p.kernel_w <= 0) return op + "weight has an empty kernel, shape " + dims_str(weight, 4);
-  if (p.in_channels % weight_groups != 0)
-    return op + "groups (" + std::to_string(weight_groups) + ") must divide input channels (" +
-           std::to_string(p.in_channels) + ")";
-  if (p.out_channels % weight_groups != 0)
-    return op + "groups (" + std::to_string(weight_groups) + ") must divide output channels (weight.size(0) = " +
-           std::to_string(p.out_channels) + ")";
-  if (weight[1] * weight_groups != p.in_channels)
-    return op + "weight.size(1) * groups must equal input channels: " + std::to_string(weight[1]) + " * " +
-           std::to_string(weight_groups) + " != " + std::to_string(p.in_channels);
-  if (p.in_channels % offset_groups != 0)
-    return op + "offset_groups (" + std::to_string(offset_groups) + ") must divide input channels (" +
-           std::to_string(p.in_channels) + ")";
-  p.out_h = (p.in_h + 2 * pad_h - (dil_h * (p.kernel_h - 1) + 1)) / stride_h + 1;
-  p.out_w = (p.in_w + 2 * pad_w - (dil_w * (p.kernel_w - 1) + 1)) / stride_w + 1;
+  const int64_t max_groups = C > 0 ? C : 1;
+  if (weight_groups > max_groups)
+    return op + "groups (" + str(weight_groups) + ") exceeds the input channels (" + str(C) + ")";
+  if (offset_groups > max_groups)
+    return op + "offset_groups (" + str(offset_groups) + ") exceeds the input channels (" + str(C) + ")";
+  if (C % weight_groups != 0)
+    return op + "groups (" + str(weight_groups) + ") must divide input channels (" + str(C) + ")";
+  if (O % weight_groups != 0)
+    return op + "groups (" + str(weight_groups) + ") must divide output channels (weight.size(0) = " + str(O) + ")";
+  int64_t weight_channels;
+  if (!mul_fits(weight[1], weight_groups, &weight_channels) || weight_channels != C)
+    return op + "weight.size(1) * groups must equal input channels: " + str(weight[1]) + " * " + str(weight_groups) +
+           " != " + str(C);
+  if (C % offset_groups != 0)
+    return op + "offset_groups (" + str(offset_groups) + ") must divide input channels (" + str(C) + ")";
+  if (!deform_conv2d_out_size(p.in_h, pad_h, dil_h, p.kernel_h, stride_h, &p.out_h))
+    return op + "padding (" + str(pad_h) + "), dilation (" + str(dil_h) + ") or kernel height (" + str(p.kernel_h) +
+           ") too large: the padded height or the kernel extent overflows int64";
+  if (!deform_conv2d_out_size(p.in_w, pad_w, dil_w, p.kernel_w, stride_w, &p.out_w))
+    return op + "padding (" + str(pad_w) + "), dilation (" + str(dil_w) + ") or kernel width (" + str(p.kernel_w) +
+           ") too large: the padded width or the kernel extent overflows int64";
   if (p.out_h <= 0 || p.out_w <= 0)
-    return op + "output would be empty: input " + dims_str(input, 4) + " with kernel (" + std::to_string(p.kernel_h) +
-           ", " + std::to_string(p.kernel_w) + "), padding, dilation and stride gives (" + std::to_string(p.out_h) +
-           ", " + std::to_string(p.out_w) + ")";
-  const int64_t want_offset[4] = {p.batch, 2 * offset_groups * p.taps(), p.out_h, p.out_w};
+    return op + "output would be empty: input " + dims_str(input, 4) + " with kernel (" + str(p.kernel_h) + ", " +
+           str(p.kernel_w) + "), padding, dilation and stride gives (" + str(p.out_h) + ", " + str(p.out_w) + ")";
+  int64_t taps, mask_channels, offset_channels, out_pixels, out_planes, out_numel, col_rows, col_numel, plane;
+  if (!mul_fits(p.kernel_h, p.kernel_w, &taps) || !mul_fits(offset_groups, taps, &mask_channels) ||
+      !mul_fits(2, mask_channels, &offset_channels))
+    return op + "2 * offset_groups * kh * kw overflows int64 (offset_groups = " + str(offset_groups) + ", kernel " +
+           str(p.kernel_h) + " x " + str(p.kernel_w) + ")";
+  if (!mul_fits(p.out_h, p.out_w, &out_pixels) || !mul_fits(p.batch, O, &out_planes) ||
+      !mul_fits(out_planes, out_pixels, &out_numel) ||
+      !mul_fits(C, taps, &col_rows) || !mul_fits(col_rows, out_pixels, &col_numel))
+    return op + "output " + dims_str(std::vector<int64_t>{p.batch, O, p.out_h, p.out_w}.data(), 4) +
+           " or its column buffer (C*kh*kw x out_h*out_w) has more elements than int64 can count";
+  if (!mul_fits(p.in_h, p.in_w, &plane) || plane > kDeformMaxPlanePixels)
+    return op + "input plane H x W = " + str(p.in_h) + " x " + str(p.in_w) + " exceeds the kernel's limit of " +
+           str(kDeformMaxPlanePixels) + " pixels (32-bit sample indices)";
+  const int64_t want_offset[4] = {p.batch, offset_channels, p.out_h, p.out_w};
   for (int i = 0; i < 4; ++i)
     if (offset[i] != want_offset[i])
       return op + "offset must have shape " + dims_str(want_offset, 4) + " (N, 2*offset_groups*kh*kw, out_h, out_w), got " +
              dims_str(offset, 4);
   if (use_mask) {
-    const int64_t want_mask[4] = {p.batch, offset_groups * p.taps(), p.out_h, p.out_w};
-    if (mask == nullptr || mask_rank != 4) return op + "mask must be 4-D " + dims_str(want_mask, 4) + " when use_mask is true";
+    const int64_t want_mask[4] = {p.batch, mask_channels, p.out_h, p.out_w};
+    if (mask == nullptr || mask_rank != 4)
+      return op + "mask must be 4-D " + dims_str(want_mask, 4) + " when use_mask is true, got shape " +
+             dims_str(mask, mask == nullptr ? 0 : mask_rank);
     for (int i = 0; i < 4; ++i)
       if (mask[i] != want_mask[i])
         return op + "mask must have shape " + dims_str(want_mask, 4) + " (N, offset_groups*kh*kw, out_h, out_w), got " +
                dims_str(mask, 4);
   }
-  if (bias != nullptr && !(bias_rank == 1 && bias[0] == p.out_channels))
-    return op + "bias must have shape [" + std::to_string(p.out_channels) + "], got " + dims_str(bias, bias_rank);
+  if (!(bias_rank == 1 && bias[0] == O))
+    return op + "bias must have shape [" + str(O) + "], got " + dims_str(bias, bias_rank);
   return "";
 }
 
@@ -125,7 +189,7 @@ struct TapTable {
   // backward extras
   std::vector<T> frac_h, frac_w, mask;
   std::vector<uint8_t> valid;  // bit k set: corner k inside the image
-  std::vector<uint8_t> inside;  // sampling point inside (-1, H) x (-1, W)
+  std::vector<uint8_t> inside;  // sampling point inside (-1, H) x (-1, W), or NaN: grad_mask is taken
 
   void resize(int64_t count, bool with_backward) {
     n = count;
@@ -144,9 +208,11 @@ struct TapTable {
 };
 
 // Fills taps for image b, offset group g, kernel tap k, output pixels [p0, p0 + count).
+// adjoint: weights for the grad_input scatter, 0 on corners outside the image
+// (the forward weights of a NaN tap are NaN on every corner; see compute_tap).
 template <typename T>
 inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* mask, int64_t b, int64_t g, int64_t k,
-                       int64_t p0, int64_t count, TapTable<T>& t, bool with_backward) {
+                       int64_t p0, int64_t count, TapTable<T>& t, bool with_backward, bool adjoint = false) {
   const int64_t P = p.out_pixels();
   const int64_t i = k / p.kernel_w, j = k % p.kernel_w;
   const T* off_h = offset + ((b * p.offset_groups + g) * 2 * p.taps() + 2 * k) * P;
@@ -158,14 +224,14 @@ inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* ma
     const Tap<T> tap = compute_tap(p, pix / p.out_w, pix % p.out_w, i, j, off_h[pix], off_w[pix], mv);
     for (int c = 0; c < 4; ++c) {
       t.idx[c][q] = tap.idx[c];
-      t.w[c][q] = tap.w[c];
+      t.w[c][q] = (adjoint && !(tap.valid & (1 << c))) ? T(0) : tap.w[c];
     }
     if (with_backward) {
       t.frac_h[q] = tap.frac_h;
       t.frac_w[q] = tap.frac_w;
       t.mask[q] = mv;
       t.valid[q] = tap.valid;
-      t.inside[q] = tap.inside ? 1 : 0;
+      t.inside[q] = (tap.inside || tap.nan_point) ? 1 : 0;
     }
   }
 }
@@ -384,7 +450,7 @@ inline void col2im_channels(const DeformConv2dParams& p, const T* offset, const 
     for (int64_t k = 0; k < kk; ++k) {
       for (int64_t p0 = 0; p0 < P; p0 += kChunk) {
         const int64_t count = std::min(kChunk, P - p0);
-        build_taps(p, offset, mask, b, g, k, p0, count, taps, false);
+        build_taps(p, offset, mask, b, g, k, p0, count, taps, false, /*adjoint=*/true);
         for (int64_t c = lo; c < hi; ++c) {
           T* gplane = grad_input + (b * p.in_channels + c) * HW;
           const T* gc = grad_col + (c * kk + k) * ld + p0;

@@ -130,7 +130,7 @@ OPFORGE_HD_INLINE void deform_backward_item(const DeformConv2dParams& p, int64_t
   T* go = grad_offset + ((it.image * G + it.group) * 2 * kk + 2 * it.tap) * P + it.pixel;
   go[0] = IO::store(mv * acc_h);
   go[P] = IO::store(mv * acc_w);
-  if (p.use_mask) grad_mask[((it.image * G + it.group) * kk + it.tap) * P + it.pixel] = IO::store(t.inside ? acc_m : A(0));
+  if (p.use_mask) grad_mask[((it.image * G + it.group) * kk + it.tap) * P + it.pixel] = IO::store(t.inside || t.nan_point ? acc_m : A(0));
 }
 
 // The forward GEMM of one weight group over a chunk, as a column-major

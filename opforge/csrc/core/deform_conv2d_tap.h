@@ -5,6 +5,7 @@
 // torch CUDA, ORT CPU and ORT CUDA sample identically by construction.
 #pragma once
 
+#include <cmath>  // NAN
 #include <cstdint>
 
 #include "host_device.h"
@@ -28,6 +29,11 @@ struct DeformConv2dParams {
   OPFORGE_HD int64_t out_channels_per_group() const { return out_channels / weight_groups; }
   // Rows of the column matrix of one weight group: (C/wg) * kh * kw.
   OPFORGE_HD int64_t col_rows_per_group() const { return in_channels_per_group() * taps(); }
+  // No input element to sample (H*W = 0 or C = 0; padding can still make the
+  // output non-empty): every column is 0, the output is the bias. The front
+  // ends take this path before any sampler runs, because the samplers read
+  // corner 0 of the plane unconditionally (its weight is then 0).
+  OPFORGE_HD bool samples_nothing() const { return in_pixels() == 0 || in_channels == 0; }
 };
 
 // One bilinear tap: the sampling point (y, x) of output pixel (oy, ox) and
@@ -40,7 +46,18 @@ struct Tap {
   T frac_h, frac_w;
   uint8_t valid;   // bit c: corner c inside the image
   bool inside;     // sampling point inside (-1, H) x (-1, W)
+  bool nan_point;  // the sampling point is NaN (a NaN offset)
 };
+
+// NaN semantics, torchvision's: its kernels test the sampling window with
+// comparisons that are all false for NaN, so a NaN offset or a NaN mask value
+// makes that tap's column entry NaN (forward output, and grad_weight through the
+// columns), a NaN offset makes that point's grad_offset and grad_mask NaN, and
+// grad_input receives nothing from it (its scatter only visits in-image corners,
+// and a NaN point has none). Infinite offsets are simply outside (0).
+// Here: every forward weight is NaN (corner 0's index is 0, inside any non-empty
+// plane), the fractions are NaN for a NaN point, and adjoint scatters skip
+// corners that are not `valid`.
 
 template <typename T>
 OPFORGE_HD_INLINE Tap<T> compute_tap(const DeformConv2dParams& p, int64_t oy, int64_t ox, int64_t i, int64_t j,
@@ -58,6 +75,7 @@ OPFORGE_HD_INLINE Tap<T> compute_tap(const DeformConv2dParams& p, int64_t oy, in
   const bool c0 = v_yl && v_xl, c1 = v_yl && v_xh, c2 = v_yh && v_xl, c3 = v_yh && v_xh;
   Tap<T> t;
   t.inside = finite && y > T(-1) && y < static_cast<T>(H) && x > T(-1) && x < static_cast<T>(W);
+  t.nan_point = y != y || x != x;
   const T s = t.inside ? mv : T(0);
   t.idx[0] = c0 ? static_cast<int32_t>(yl * W + xl) : 0;
   t.idx[1] = c1 ? static_cast<int32_t>(yl * W + xh) : 0;
@@ -70,6 +88,11 @@ OPFORGE_HD_INLINE Tap<T> compute_tap(const DeformConv2dParams& p, int64_t oy, in
   t.frac_h = lh;
   t.frac_w = lw;
   t.valid = static_cast<uint8_t>((c0 ? 1 : 0) | (c1 ? 2 : 0) | (c2 ? 4 : 0) | (c3 ? 8 : 0));
+  if (t.nan_point || mv != mv) {
+    const T nan = static_cast<T>(NAN);
+    for (int c = 0; c < 4; ++c) t.w[c] = nan;
+    if (t.nan_point) t.frac_h = t.frac_w = nan;
+  }
   return t;
 }
 

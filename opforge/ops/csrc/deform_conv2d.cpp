@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
@@ -40,6 +41,7 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input_, const at::Tensor& weight_
   const at::Tensor bias = bias_.contiguous();
   at::Tensor out = at::empty({p.batch, p.out_channels, p.out_h, p.out_w}, input.options());
   if (p.batch == 0) return out;
+  if (p.samples_nothing()) return out.copy_(bias.view({1, p.out_channels, 1, 1}).expand_as(out));
 
   // Channels-last input and tap-major weight: the sampling then needs no
   // gathers (see im2col_nhwc_tile) and the GEMM reads columns pixel-major.
@@ -93,9 +95,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_input = at::zeros_like(input);
   at::Tensor grad_weight = at::zeros_like(weight);
   at::Tensor grad_offset = at::zeros_like(offset);
-  at::Tensor grad_mask = at::zeros_like(mask_);
+  // contiguous whatever the mask's layout (a channels_last mask is dense but
+  // not contiguous): coord_grad_tile writes it as [N, G*kh*kw, oh, ow]
+  at::Tensor grad_mask = at::zeros(mask_.sizes(), mask_.options());
   at::Tensor grad_bias = grad.sum({0, 2, 3});
-  if (p.batch == 0) return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
+  if (p.batch == 0 || p.samples_nothing())
+    return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
 
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge::deform_conv2d_backward", [&] {
     using T = scalar_t;
@@ -146,7 +151,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
 }
 
+// The kernel's shape rule and argument checks on shapes alone (no tensors):
+// the fake impl and ONNX shape inference call this (deform_conv2d.py), so they
+// accept, reject and size exactly as the kernels do. mask is read only when
+// use_mask. Returns [N, O, out_h, out_w].
+std::vector<int64_t> deform_conv2d_output_shape(c10::IntArrayRef input, c10::IntArrayRef weight,
+                                                c10::IntArrayRef offset, c10::IntArrayRef mask, c10::IntArrayRef bias,
+                                                int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                                int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups,
+                                                bool use_mask) {
+  DeformConv2dParams p;
+  const std::string err = core::deform_conv2d_check(
+      input.data(), static_cast<int>(input.size()), weight.data(), static_cast<int>(weight.size()), offset.data(),
+      static_cast<int>(offset.size()), use_mask ? mask.data() : nullptr, static_cast<int>(mask.size()), bias.data(),
+      static_cast<int>(bias.size()), stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask,
+      p);
+  TORCH_CHECK_VALUE(err.empty(), err);
+  return {p.batch, p.out_channels, p.out_h, p.out_w};
+}
+
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.def(
+      "_deform_conv2d_output_shape(int[] input, int[] weight, int[] offset, int[] mask, int[] bias, int stride_h, "
+      "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+      "bool use_mask) -> int[]",
+      &deform_conv2d_output_shape);
   m.def(
       "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
       "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "

@@ -64,9 +64,10 @@ at::Tensor deform_conv2d_batched_forward(const core::DeformConv2dParams& p, cons
                                          int64_t column_budget_bytes) {
   at::Tensor out = at::empty({p.batch, p.out_channels, p.out_h, p.out_w}, input.options());
   if (p.batch == 0) return out;
+  sampler.fill_bias(p, bias, out);
+  if (p.samples_nothing()) return out;  // all columns 0 (and the samplers must not read the empty input)
   const ColumnChunks chunks(p, input, weight, column_budget_bytes);
   const at::Tensor col_buffer = chunks.new_buffer(input);
-  sampler.fill_bias(p, bias, out);
   for (int64_t b0 = 0; b0 < p.batch; b0 += chunks.images) {
     const int64_t images = std::min(chunks.images, p.batch - b0);
     at::Tensor col = chunks.columns(col_buffer, images);
@@ -87,11 +88,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const at::ScalarType acc_t = (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
   at::Tensor grad_input_acc = at::zeros(input.sizes(), input.options().dtype(acc_t));
   at::Tensor grad_weight_acc = at::zeros(weight.sizes(), weight.options().dtype(acc_t));
-  // the sampling backward writes every grad_offset / grad_mask element of a non-empty batch
-  at::Tensor grad_offset = p.batch > 0 ? at::empty_like(offset) : at::zeros_like(offset);
-  at::Tensor grad_mask = p.use_mask && p.batch > 0 ? at::empty_like(mask) : at::zeros_like(mask);
+  // The sampling backward writes every grad_offset / grad_mask element (as
+  // contiguous buffers, whatever the caller's layout) when it runs at all.
+  const bool sampling = p.batch > 0 && !p.samples_nothing();
+  at::Tensor grad_offset = sampling ? at::empty(offset.sizes(), offset.options()) : at::zeros(offset.sizes(), offset.options());
+  at::Tensor grad_mask = p.use_mask && sampling ? at::empty(mask.sizes(), mask.options()) : at::zeros(mask.sizes(), mask.options());
   at::Tensor grad_bias = at::sum(grad, at::IntArrayRef{0, 2, 3}, /*keepdim=*/false, acc_t);
-  if (p.batch > 0) {
+  if (sampling) {
     const ColumnChunks chunks(p, input, weight, column_budget_bytes);
     const int64_t G = chunks.groups, Og = chunks.out_per_group, Kg = chunks.rows_per_group;
     const at::Tensor col_buffer = chunks.new_buffer(input), grad_col_buffer = chunks.new_buffer(input);

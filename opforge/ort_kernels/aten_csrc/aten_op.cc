@@ -99,6 +99,31 @@ at::Device device_of(const Ort::ConstMemoryInfo& mem) {
   return at::Device(at::kCPU);
 }
 
+// Number of valid values of an enum argument type (0: not an enum). ScalarType
+// stops before Undefined, which no kernel accepts.
+int64_t enum_bound(c10::TypeKind kind) {
+  switch (kind) {
+    case c10::TypeKind::ScalarTypeType:
+      return static_cast<int64_t>(c10::ScalarType::Undefined);
+    case c10::TypeKind::LayoutType:
+      return static_cast<int64_t>(c10::Layout::NumOptions);
+    case c10::TypeKind::MemoryFormatType:
+      return static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+    default:
+      return 0;
+  }
+}
+
+// ONNX Runtime's inputs are read-only (they may be the caller's arrays or the
+// model's initializers), and the kernel wraps them without copying: an op that
+// writes into an argument (in-place ops such as add_, out= overloads) would
+// change them behind the caller's back. Names the first such argument, or "".
+std::string written_argument(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& arg : schema.arguments())
+    if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) return arg.name();
+  return "";
+}
+
 struct AtenKernel {
   std::string name;  // "aten::cummax" or "aten::frexp.Tensor", for messages
   c10::OperatorHandle op;
@@ -109,7 +134,7 @@ struct AtenKernel {
       : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda) {}
 
   std::string where(const c10::Argument& arg, size_t i) const {
-    return "ATen op " + name + ", argument " + std::to_string(i) + " '" + arg.name() + "' (" + arg.type()->str() + ")";
+    return "ATen op " + name + ", argument " + std::to_string(i) + " '" + arg.name() + "' (" + arg.real_type()->str() + ")";
   }
 
   // Wraps ORT's buffer as a torch tensor, no copy. ORT keeps inputs alive for the call.
@@ -164,10 +189,20 @@ struct AtenKernel {
       case c10::TypeKind::SymIntType:
       case c10::TypeKind::ScalarTypeType:
       case c10::TypeKind::LayoutType:
-      case c10::TypeKind::MemoryFormatType:
+      case c10::TypeKind::MemoryFormatType: {
         if (t.numel() != 1 || t.is_floating_point()) return error(at + ": expected one integer, got a tensor of " + std::to_string(t.numel()) + " " + std::string(c10::toString(t.scalar_type())) + " values");
-        out = t.item<int64_t>();
+        const int64_t value = t.item<int64_t>();
+        // Enums travel as integers (the schema's type says int; the real type says
+        // which enum) and torch indexes tables with them unchecked.
+        c10::TypePtr real = arg.real_type();
+        if (auto opt = real->cast<c10::OptionalType>()) real = opt->getElementType();
+        const int64_t bound = enum_bound(real->kind());
+        if (bound > 0 && (value < 0 || value >= bound))
+          return error(at + ": " + std::to_string(value) + " is not a valid " + real->str() + " (0 to " +
+                       std::to_string(bound - 1) + ")");
+        out = value;
         return Ort::Status(nullptr);
+      }
       case c10::TypeKind::FloatType:
         if (t.numel() != 1) return error(at + ": expected one number, got " + std::to_string(t.numel()) + " values");
         out = t.item<double>();
@@ -319,6 +354,10 @@ struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
       auto handle = c10::Dispatcher::singleton().findSchema({qualified, overload});
       const std::string display = qualified + (overload.empty() ? "" : "." + overload);
       if (!handle) return error("ATen op " + display + ": no such operator (or overload) in this libtorch");
+      if (const std::string written = written_argument(handle->schema()); !written.empty())
+        return error("ATen op " + display + " writes into its argument '" + written +
+                     "' (in-place or out= overload); ONNX Runtime inputs are read-only, so only functional "
+                     "overloads run here: export the out-of-place op instead");
       std::vector<bool> none(ki.GetInputCount());
       for (size_t i = 0; i < none.size(); ++i) none[i] = ki.GetInputName(i) == kNoneInput;
       *kernel = new AtenKernel(*handle, display, std::move(none), ep == kCudaEp);

@@ -5,6 +5,7 @@
 // gather-free channels-last sampling + the core's packed GEMM), parallel over
 // (image, pixel tile) on ORT's intra-op pool. float16 / bfloat16 compute in
 // float32 and round once (as the torch CPU kernel does).
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -27,7 +28,14 @@ DeformConv2dAttrs::DeformConv2dAttrs(const OrtKernelInfo* info) {
   dil_w = attr("dilation_w");
   groups = attr("groups");
   offset_groups = attr("offset_groups");
-  use_mask = attr("use_mask") != 0;
+  const int64_t mask_flag = attr("use_mask");
+  if (mask_flag != 0 && mask_flag != 1)
+    node_error(std::string(op) + ": attribute use_mask must be 0 or 1, got " + std::to_string(mask_flag));
+  use_mask = mask_flag != 0;
+  if (std::string err = core::deform_conv2d_check_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
+                                                        offset_groups);
+      !err.empty())
+    node_error(err);
 }
 
 std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
@@ -85,6 +93,12 @@ struct DeformConv2dKernel : DeformConv2dAttrs {
     if (!err.empty()) return invalid_argument(err);
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
     if (p.batch == 0) return Ort::Status(nullptr);
+    if (p.samples_nothing()) {  // nothing to sample: the output is the bias
+      const T* b = bias.Data();
+      const int64_t P = p.out_pixels();
+      for (int64_t i = 0; i < p.batch * p.out_channels; ++i) std::fill(out + i * P, out + (i + 1) * P, b[i % p.out_channels]);
+      return Ort::Status(nullptr);
+    }
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       deform_conv2d_cpu<T>(ctx, p, input.Data(), weight.Data(), offset.Data(), use_mask ? mask.Data() : nullptr,
                            bias.Data(), out);

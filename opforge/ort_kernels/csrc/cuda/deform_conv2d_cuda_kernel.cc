@@ -77,6 +77,7 @@ struct DeformConv2dCudaKernel : DeformConv2dAttrs {
                                     kOp, "bias kernel launch");
         !s.IsOK())
       return s;
+    if (p.samples_nothing()) return Ort::Status(nullptr);  // all columns 0: the output is the bias
     StreamScratch col(static_cast<size_t>(chunk * col_per_image) * sizeof(T), stream);
     if (Ort::Status s = cuda_status(col.status(), kOp, "scratch allocation (cudaMallocAsync)"); !s.IsOK()) return s;
 
