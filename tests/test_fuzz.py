@@ -1,0 +1,57 @@
+"""The fuzz suite (tests/fuzz.py) in CI: every op through torch and ONNX Runtime, random shapes,
+attributes and dtypes, valid and invalid. Each batch runs in its own process, so a crash or a
+hang fails only its test, which names the case (and the command that reruns it alone).
+
+Fixed seed; about a minute on 2 cores. Long runs: OPFORGE_FUZZ_SCALE=20 (20x the cases) and
+OPFORGE_FUZZ_SEED=<n> (other cases), e.g.
+    OPFORGE_FUZZ_SCALE=50 OPFORGE_FUZZ_SEED=7 python -m pytest tests/test_fuzz.py
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FUZZ = Path(__file__).with_name("fuzz.py")
+SCALE = float(os.environ.get("OPFORGE_FUZZ_SCALE", "1"))
+SEED = int(os.environ.get("OPFORGE_FUZZ_SEED", "0"))
+BATCH = 400
+# target -> batches of BATCH cases at scale 1
+PLAN = {"deform_conv2d:torch": 4, "deform_conv2d:ort": 3, "my_add:torch": 2, "my_add:ort": 2, "aten:ort": 2}
+BATCHES = [(target, b) for target, n in PLAN.items() for b in range(max(1, round(n * SCALE)))]
+
+
+@pytest.mark.parametrize("target,batch", BATCHES, ids=[f"{t}-{b}" for t, b in BATCHES])
+def test_fuzz_batch(target, batch):
+    first = batch * BATCH
+    cmd = [sys.executable, str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first),
+           "--cases", str(BATCH)]
+    timeout = 240  # a batch takes seconds: anything near this is a hang
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=FUZZ.parent.parent)
+        out, rc, what = proc.stdout, proc.returncode, None
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), None
+        what = f"hung (no answer in {timeout} s)"
+    if rc == 0:
+        assert re.search(rf"DONE {BATCH} cases, 0 failed", out), out[-2000:]
+        return
+    cases = re.findall(r"^CASE (\S+) (\d+) (\d+): (.*)$", out, re.M)
+    failed = re.findall(r"^FAIL .*?(?=^CASE|^TALLY|\Z)", out, re.M | re.S)
+    if what is None and failed:
+        what = f"{len(failed)} case(s) failed"
+    elif what is None:
+        what = f"crashed (exit status {rc})"
+    last = cases[-1] if cases else None
+    report = [f"{target} batch {batch}: {what}"]
+    if failed:
+        report += [f.strip() for f in failed[:5]]
+    elif last:
+        report.append(f"last case started: {last[3]}")
+        report.append(f"rerun it: python {FUZZ.relative_to(FUZZ.parent.parent)} --target {target} --seed {SEED} "
+                      f"--case {last[2]}")
+    report.append("stderr tail:\n" + (proc.stderr[-1500:] if what and "hung" not in what else ""))
+    pytest.fail("\n".join(report))
