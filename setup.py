@@ -111,7 +111,8 @@ def aten_library():
         libraries=["c10", "torch_cpu"] + cuda_libs,  # not torch_python: any ORT process, no Python needed
         language="c++",
         extra_compile_args=B.ort_cxx_flags("c++20") + cuda_flags,
-        extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", *B.rpath_flags(lib_dirs, name), *cuda_link],
+        extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", *B.rpath_flags(lib_dirs, name), *cuda_link,
+                         *B.sanitizer_flags()],
         py_limited_api=False,
     )
     ext.opforge_plain_library = True

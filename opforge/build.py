@@ -265,8 +265,22 @@ def cuda_enabled() -> bool:
 # ---- compiler flags and run-time search paths -----------------------------------------
 
 
+def sanitizer_flags() -> list[str]:
+    """``OPFORGE_SANITIZE=address,undefined`` (any -fsanitize list): instrumented builds for
+    scripts/sanitize.sh, with frame pointers and line tables for readable reports, and UB
+    reports fatal so a test fails on the first one. Compile and link flags alike. Empty
+    when unset."""
+    kinds = os.environ.get("OPFORGE_SANITIZE", "").strip()
+    if not kinds:
+        return []
+    return [f"-fsanitize={kinds}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
+
+
 def opt_flags() -> list[str]:
-    """``-O3 -g0``; ``OPFORGE_DEBUG=1``: ``-O0 -g``."""
+    """``-O3 -g0``; ``OPFORGE_DEBUG=1``: ``-O0 -g``; sanitized builds: ``-O1 -g`` + the
+    sanitizer flags."""
+    if sanitizer_flags():
+        return ["-O1", "-g"] + sanitizer_flags()
     return ["-O0", "-g"] if os.environ.get("OPFORGE_DEBUG") == "1" else ["-O3", "-g0"]
 
 
@@ -333,7 +347,8 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
 
     cxx = torch_cxx_flags() + list(extra_cxx_flags)
     common = dict(include_dirs=[str(CSRC_DIR), *include_dirs], define_macros=list(define_macros),
-                  extra_link_args=["-fopenmp", *kwargs.pop("extra_link_args", [])], py_limited_api=True, **kwargs)
+                  extra_link_args=["-fopenmp", *sanitizer_flags(), *kwargs.pop("extra_link_args", [])],
+                  py_limited_api=True, **kwargs)
     srcs = _paths(sources)
     if cuda_sources and cuda_enabled():
         common["include_dirs"] += cuda_include_dirs()
@@ -356,7 +371,7 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
     from setuptools import Extension
 
     cxx = ort_cxx_flags() + list(extra_cxx_flags)
-    link = [f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed"]
+    link = [f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed", *sanitizer_flags()]
     incs = [str(CSRC_DIR), *include_dirs, ort_include_dir(extra_candidates=ort_include_candidates)]
     srcs = _paths(sources)
     if cuda_sources and cuda_enabled():
