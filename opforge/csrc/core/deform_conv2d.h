@@ -143,14 +143,15 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   if (p.out_h <= 0 || p.out_w <= 0)
     return op + "output would be empty: input " + dims_str(input, 4) + " with kernel (" + str(p.kernel_h) + ", " +
            str(p.kernel_w) + "), padding, dilation and stride gives (" + str(p.out_h) + ", " + str(p.out_w) + ")";
-  int64_t taps, mask_channels, offset_channels, out_pixels, out_planes, out_numel, col_rows, col_numel, plane;
+  int64_t taps, mask_channels, offset_channels, out_pixels, out_planes, out_numel, col_rows, col_numel, plane, bytes;
   if (!mul_fits(p.kernel_h, p.kernel_w, &taps) || !mul_fits(offset_groups, taps, &mask_channels) ||
       !mul_fits(2, mask_channels, &offset_channels))
     return op + "2 * offset_groups * kh * kw overflows int64 (offset_groups = " + str(offset_groups) + ", kernel " +
            str(p.kernel_h) + " x " + str(p.kernel_w) + ")";
   if (!mul_fits(p.out_h, p.out_w, &out_pixels) || !mul_fits(p.batch, O, &out_planes) ||
       !mul_fits(out_planes, out_pixels, &out_numel) ||
-      !mul_fits(C, taps, &col_rows) || !mul_fits(col_rows, out_pixels, &col_numel))
+      !mul_fits(C, taps, &col_rows) || !mul_fits(col_rows, out_pixels, &col_numel) ||
+      !mul_fits(out_numel, 16, &bytes) || !mul_fits(col_numel, 16, &bytes))  // byte sizes of any dtype, too
     return op + "output " + dims_str(std::vector<int64_t>{p.batch, O, p.out_h, p.out_w}.data(), 4) +
            " or its column buffer (C*kh*kw x out_h*out_w) has more elements than int64 can count";
   if (!mul_fits(p.in_h, p.in_w, &plane) || plane > kDeformMaxPlanePixels)
