@@ -29,6 +29,8 @@ import torch
 import opforge
 from opforge.spec import find
 
+from helpers import aten_model, run_in_ort  # tests/ is this script's sys.path[0]
+
 INT64_MAX = 2**63 - 1
 TARGETS = ("deform_conv2d:torch", "deform_conv2d:ort", "my_add:torch", "my_add:ort", "aten:ort")
 
@@ -179,9 +181,14 @@ def deform_reference(values, edge):
     import torchvision
 
     x, w, off, m, b, sh, sw, ph, pw, dh, dw, groups, og, use_mask = values
-    if x.shape[1] == 0 or edge in ("huge_stride",):  # torchvision divides by weight.size(1); strides > int32
-        return b.double().view(1, -1, 1, 1).expand(x.shape[0], -1, *off.shape[2:]) if x.shape[1] == 0 else None
-    f = lambda t: t.double().nan_to_num(0.0, posinf=math.inf, neginf=-math.inf)  # noqa: E731 (NaN: see below)
+    if x.shape[1] == 0:  # no channels: the bias (torchvision's wrapper divides by weight.size(1))
+        return b.double().view(1, -1, 1, 1).expand(x.shape[0], -1, *off.shape[2:])
+    if edge == "huge_stride":  # torchvision's kernels keep strides in int
+        return None
+
+    def f(t):  # NaN -> 0: compare() skips the NaN outputs, and no other output depends on a NaN input
+        return t.double().nan_to_num(0.0, posinf=math.inf, neginf=-math.inf)
+
     return torchvision.ops.deform_conv2d(f(x), f(off), f(w), f(b), stride=(sh, sw), padding=(ph, pw),
                                          dilation=(dh, dw), mask=f(m) if use_mask else None)
 
@@ -225,16 +232,6 @@ def check_error(exc, op, front_end):
         raise CaseFailure(f"error does not name {op}: {type(exc).__name__}: {msg[:300]}")
 
 
-def ort_run(spec, values):
-    from opforge.testing import single_node_model
-
-    model = single_node_model(spec, values)
-    sess = opforge.ort_session(model)
-    tensors, _ = spec.split_args(list(values))
-    feeds = {a.onnx_name: v.contiguous().numpy() for a, v in zip(spec.tensor_args, tensors) if v is not None}
-    return torch.from_numpy(sess.run(None, feeds)[0])
-
-
 def case_deform(rng, front_end):
     desc, values, valid, edge = deform_case(rng, front_end)
     yield desc
@@ -242,7 +239,7 @@ def case_deform(rng, front_end):
         if front_end == "torch":
             y, grad, values = run_deform_torch(values, edge, rng)
         else:
-            y, grad = ort_run(find("deform_conv2d"), values), False
+            y, grad = run_in_ort(find("deform_conv2d"), values), False
     except Exception as e:  # noqa: BLE001 (any exception is judged below)
         if valid:
             raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
@@ -297,7 +294,7 @@ def case_my_add(rng, front_end):
         b = b.expand(*b.shape[:-1], 3) if invalid is None and (not a_shape or a_shape[-1] in (1, 3)) else b
     yield f"dtype={str(dtype)[6:]}/{str(b_dtype)[6:]} a={list(a.shape)} b={list(b.shape)} layout={layout} invalid={invalid}"
     try:
-        y = torch.ops.opforge.my_add(a, b) if front_end == "torch" else ort_run(find("my_add"), [a, b])
+        y = torch.ops.opforge.my_add(a, b) if front_end == "torch" else run_in_ort(find("my_add"), [a, b])
     except Exception as e:  # noqa: BLE001
         try:
             torch.broadcast_shapes(a.shape, b.shape)
@@ -345,9 +342,7 @@ def call_like_the_node(op, x, args):
 
 
 def case_aten(rng, front_end):
-    from onnx import TensorProto, helper, numpy_helper
-
-    from opforge.symbolics import aten_fallback
+    from onnx import TensorProto
 
     operator, overload, make_args = ATEN_CASES[int(rng.integers(len(ATEN_CASES)))]
     x = torch.randn([int(rng.integers(0, 5)) for _ in range(int(rng.integers(0, 4)))])
@@ -356,14 +351,8 @@ def case_aten(rng, front_end):
     if args == [None]:  # in-place op: the second tensor is x again
         args = [x.numpy()]
     consts = [np.asarray(a, dtype=np.int64) if not isinstance(a, np.ndarray) else a for a in args]
-    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(c)) for i, c in enumerate(consts)]
-    nodes.append(helper.make_node("ATen", ["x"] + [f"c{i}" for i in range(len(consts))], ["y"],
-                                  domain=aten_fallback.ATEN_DOMAIN, operator=operator, overload_name=overload))
     out_type = TensorProto.DOUBLE if operator == "to" and args and args[0] == 7 else TensorProto.FLOAT
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", out_type, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+    model = aten_model(operator, overload, [("x", TensorProto.FLOAT)], consts=consts, out_types=(out_type,))
     x_before = x.clone()
     op = getattr(getattr(torch.ops.aten, operator), overload or "default")
     try:

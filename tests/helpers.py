@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import opforge
 
@@ -39,3 +39,32 @@ def deform_inputs(n=2, c=6, o=4, h=9, w=8, kh=3, kw=2, stride=(1, 2), pad=(1, 0)
     mask = torch.rand(n, offset_groups * kh * kw, oh, ow, generator=g, dtype=dtype)
     bias = torch.randn(o, generator=g, dtype=dtype)
     return x, weight, offset, mask, bias
+
+
+def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(TensorProto.FLOAT, TensorProto.INT64),
+               initializers=()):
+    """A model with one org.pytorch.aten::ATen node: graph inputs ``inputs`` [(name, type)], then
+    the ``initializers`` (TensorProtos) and ``consts`` (arrays, as Constant nodes) as further inputs."""
+    from opforge.symbolics import aten_fallback
+
+    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(np.asarray(c)))
+             for i, c in enumerate(consts)]
+    nodes.append(helper.make_node("ATen", [n for n, _ in inputs] + [i.name for i in initializers] +
+                                  [f"c{i}" for i in range(len(consts))], [f"y{i}" for i in range(n_out)],
+                                  domain=aten_fallback.ATEN_DOMAIN, operator=operator, overload_name=overload))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
+                              [helper.make_tensor_value_info(f"y{i}", out_types[i], None) for i in range(n_out)],
+                              initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+
+
+def run_in_ort(spec, values) -> torch.Tensor:
+    """The op's torch-order arguments ``values`` through a one-node model in ONNX Runtime (with
+    the op's library); the first output."""
+    from opforge.testing import single_node_model as spec_model
+
+    sess = opforge.ort_session(spec_model(spec, values))
+    tensors, _ = spec.split_args(list(values))
+    feeds = {a.onnx_name: v.contiguous().numpy() for a, v in zip(spec.tensor_args, tensors) if v is not None}
+    return torch.from_numpy(sess.run(None, feeds)[0])

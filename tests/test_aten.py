@@ -12,10 +12,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import opforge
 from opforge.symbolics import aten_fallback, aten_rules
+
+from helpers import aten_model
 
 
 class Lambda(torch.nn.Module):
@@ -174,16 +176,6 @@ def test_without_fallback_export_still_fails_loudly():
 
 
 # ---- the ORT kernel on its own: errors ------------------------------------------------
-
-def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(TensorProto.FLOAT, TensorProto.INT64)):
-    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(np.asarray(c))) for i, c in enumerate(consts)]
-    nodes.append(helper.make_node("ATen", [n for n, _ in inputs] + [f"c{i}" for i in range(len(consts))],
-                                  [f"y{i}" for i in range(n_out)], domain=aten_fallback.ATEN_DOMAIN,
-                                  operator=operator, overload_name=overload))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
-                              [helper.make_tensor_value_info(f"y{i}", out_types[i], None) for i in range(n_out)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
-
 
 def test_unknown_operator_is_an_error_naming_it():
     with pytest.raises(Exception, match=r"ATen op aten::no_such_op: no such operator"):

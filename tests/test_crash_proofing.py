@@ -14,12 +14,13 @@ import onnx
 import pytest
 import torch
 import torchvision
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 import opforge
-from opforge.symbolics import aten_fallback
 from opforge.spec import find
 from opforge.testing import single_node_model
+
+from helpers import aten_model, run_in_ort
 
 DEFORM = find("deform_conv2d")
 INT64_MAX = 2**63 - 1
@@ -31,10 +32,7 @@ def run_deform(front_end, input, weight, offset, mask, bias, stride=(1, 1), pad=
     values = [input, weight, offset, mask, bias, *stride, *pad, *dil, groups, offset_groups, use_mask]
     if front_end == "torch":
         return torch.ops.opforge.deform_conv2d(*values)
-    model = single_node_model(DEFORM, values)
-    sess = opforge.ort_session(model)
-    feeds = {a.onnx_name: v.numpy() for a, v in zip(DEFORM.tensor_args, values)}
-    return torch.from_numpy(sess.run(None, feeds)[0])
+    return run_in_ort(DEFORM, values)
 
 
 def expect_error(front_end, match, *args, **kwargs):
@@ -138,19 +136,6 @@ def test_zero_dim_bias_is_rejected(front_end):
 
 # ---- 6. the ATen kernel never writes into ORT's inputs; enum arguments are range-checked ----------
 
-def aten_node_model(operator, overload, inputs, consts=(), initializers=()):
-    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(np.asarray(c)))
-             for i, c in enumerate(consts)]
-    nodes.append(helper.make_node("ATen", [n for n, _ in inputs] + [i.name for i in initializers] +
-                                  [f"c{i}" for i in range(len(consts))], ["y"], domain=aten_fallback.ATEN_DOMAIN,
-                                  operator=operator, overload_name=overload))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
-
-
 @pytest.mark.parametrize("operator,overload,argument", [
     ("add_", "Tensor", "self"),     # in place: would change the caller's array / the initializer
     ("lgamma_", "", "self"),
@@ -161,13 +146,13 @@ def aten_node_model(operator, overload, inputs, consts=(), initializers=()):
 def test_mutating_aten_overloads_are_refused_at_session_creation(operator, overload, argument):
     name = f"aten::{operator}" + (f".{overload}" if overload else "")
     with pytest.raises(Exception, match=rf"ATen op {name} writes into its argument '{argument}'.*read-only"):
-        opforge.ort_session(aten_node_model(operator, overload, [("x", TensorProto.FLOAT)]))
+        opforge.ort_session(aten_model(operator, overload, [("x", TensorProto.FLOAT)]))
 
 
 def test_functional_aten_ops_leave_inputs_and_initializers_unchanged():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     weight = numpy_helper.from_array(np.full((2, 3), 2, np.float32), "w")
-    sess = opforge.ort_session(aten_node_model("add", "Tensor", [("x", TensorProto.FLOAT)], initializers=[weight]))
+    sess = opforge.ort_session(aten_model("add", "Tensor", [("x", TensorProto.FLOAT)], initializers=[weight]))
     before = x.copy()
     for _ in range(3):  # an initializer changed by a run would change the next run's answer
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], before + 2)
@@ -180,13 +165,13 @@ def test_functional_aten_ops_leave_inputs_and_initializers_unchanged():
     ("contiguous", "", [np.array(42, np.int64)], r"'memory_format' \(MemoryFormat\): 42 is not a valid MemoryFormat"),
 ])
 def test_enum_arguments_are_range_checked(operator, overload, consts, match):
-    sess = opforge.ort_session(aten_node_model(operator, overload, [("x", TensorProto.FLOAT)], consts=consts))
+    sess = opforge.ort_session(aten_model(operator, overload, [("x", TensorProto.FLOAT)], consts=consts))
     with pytest.raises(Exception, match=rf"INVALID_ARGUMENT.*{match}"):
         sess.run(None, {"x": np.ones((2, 2), np.float32)})
 
 
 def test_valid_enum_argument_still_works():
-    sess = opforge.ort_session(aten_node_model("to", "dtype", [("x", TensorProto.FLOAT)], consts=[np.array(6, np.int64)]))
+    sess = opforge.ort_session(aten_model("to", "dtype", [("x", TensorProto.FLOAT)], consts=[np.array(6, np.int64)]))
     np.testing.assert_array_equal(sess.run(None, {"x": np.ones((2, 2), np.float32)})[0], np.ones((2, 2), np.float32))
 
 

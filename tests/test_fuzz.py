@@ -31,10 +31,10 @@ def test_fuzz_batch(target, batch):
            "--cases", str(BATCH)]
     timeout = 240  # a batch takes seconds: anything near this is a hang
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=FUZZ.parent.parent)
-        out, rc, what = proc.stdout, proc.returncode, None
-    except subprocess.TimeoutExpired as e:
-        out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), None
+        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=FUZZ.parent.parent)
+        out, err, rc, what = proc.stdout.decode(), proc.stderr.decode(), proc.returncode, None
+    except subprocess.TimeoutExpired as e:  # its output so far is bytes, text=True or not
+        out, err, rc = (e.stdout or b"").decode(), (e.stderr or b"").decode(), None
         what = f"hung (no answer in {timeout} s)"
     if rc == 0:
         assert re.search(rf"DONE {BATCH} cases, 0 failed", out), out[-2000:]
@@ -53,5 +53,5 @@ def test_fuzz_batch(target, batch):
         report.append(f"last case started: {last[3]}")
         report.append(f"rerun it: python {FUZZ.relative_to(FUZZ.parent.parent)} --target {target} --seed {SEED} "
                       f"--case {last[2]}")
-    report.append("stderr tail:\n" + (proc.stderr[-1500:] if what and "hung" not in what else ""))
+    report.append("stderr tail:\n" + err[-1500:])
     pytest.fail("\n".join(report))

@@ -152,7 +152,7 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
       !mul_fits(out_planes, out_pixels, &out_numel) ||
       !mul_fits(C, taps, &col_rows) || !mul_fits(col_rows, out_pixels, &col_numel) ||
       !mul_fits(out_numel, 16, &bytes) || !mul_fits(col_numel, 16, &bytes))  // byte sizes of any dtype, too
-    return op + "output " + dims_str(std::vector<int64_t>{p.batch, O, p.out_h, p.out_w}.data(), 4) +
+    return op + "output [" + str(p.batch) + ", " + str(O) + ", " + str(p.out_h) + ", " + str(p.out_w) + "]" +
            " or its column buffer (C*kh*kw x out_h*out_w) has more elements than int64 can count";
   if (!mul_fits(p.in_h, p.in_w, &plane) || plane > kDeformMaxPlanePixels)
     return op + "input plane H x W = " + str(p.in_h) + " x " + str(p.in_w) + " exceeds the kernel's limit of " +
