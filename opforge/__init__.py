@@ -12,7 +12,7 @@ ONNX domain (:func:`register_ort_library`, :func:`ort_library_path`,
 from . import ops, spec, symbolics
 from .diagnosis import Diagnosis, ExportError, diagnose
 from .export import export
-from .ops import DeformConv2d, MyAdd, MyAddFunction, deform_conv2d, my_add
+from .ops import MyAdd, MyAddFunction, deform_conv2d, my_add
 from .ort_kernels import (
     MissingOpforgeKernels,
     MissingOrtKernels,
@@ -23,8 +23,9 @@ from .ort_kernels import (
     ort_session,
     register_ort_library,
 )
-from .registration import OpRegistrationError, check_library, register_op
+from .registration import OpInputError, OpRegistrationError, check_library, check_same_device, register_op
 from .spec import AttrArg, OpSpec, TensorArg
+from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .symbolics import standard_onnx, translation_table
 
 __version__ = "0.2.0"
@@ -34,6 +35,13 @@ __version__ = "0.2.0"
 BUILT_WITH_CUDA = bool(getattr(ops._registry._C, "WITH_CUDA", 0))
 
 symbolics.register_all()
+
+
+def __getattr__(name: str):
+    if name == "DeformConv2d":  # made on first use: it subclasses torchvision's, which is slow to import
+        return ops.DeformConv2d
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AttrArg",
@@ -46,11 +54,14 @@ __all__ = [
     "MissingOrtLibrary",
     "MyAdd",
     "MyAddFunction",
+    "OpInputError",
     "OpRegistrationError",
     "OpSpec",
     "TensorArg",
+    "TorchvisionPatch",
     "aten_library_path",
     "check_library",
+    "check_same_device",
     "deform_conv2d",
     "diagnose",
     "export",
@@ -59,10 +70,12 @@ __all__ = [
     "ort_libraries",
     "ort_library_path",
     "ort_session",
+    "patch_torchvision",
     "register_op",
     "register_ort_library",
     "spec",
     "standard_onnx",
     "symbolics",
     "translation_table",
+    "unpatch_torchvision",
 ]

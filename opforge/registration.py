@@ -36,6 +36,15 @@ class OpRegistrationError(RuntimeError):
     """A spec and the compiled op it describes do not match (the message names the missing piece)."""
 
 
+class OpInputError(RuntimeError, ValueError, TypeError):
+    """Bad input to an opforge op; the message names the op and the argument.
+
+    It is a RuntimeError, what torch's and torchvision's kernels raise (so
+    ``opforge.deform_conv2d`` is a drop-in where code catches torchvision's
+    errors), and also a ValueError and a TypeError, what Python code expects for
+    a bad value or type: an ``except`` written for any of the three catches it."""
+
+
 def torch_op(spec: OpSpec) -> torch._ops.OpOverload:
     """``torch.ops.<namespace>.<name>.default`` of ``spec``, or an error saying what to load."""
     try:
@@ -139,7 +148,8 @@ def check_library(namespace: str, specs: Optional[Iterable[OpSpec]] = None) -> N
 
 def check_same_device(op: str, **tensors: Optional[torch.Tensor]) -> None:
     """For fake impls: the check every opforge kernel makes (opforge/torch_op.h),
-    same ValueError and words, so torch.compile rejects mixed devices as eager does.
+    same words, so torch.compile rejects mixed devices as eager does. Raises
+    :class:`OpInputError` (a ValueError, as the kernel raises, and a RuntimeError).
     Pass the tensors by argument name; None is skipped."""
     first = None
     for name, t in tensors.items():
@@ -148,8 +158,8 @@ def check_same_device(op: str, **tensors: Optional[torch.Tensor]) -> None:
         if first is None:
             first = (name, t)
         elif t.device != first[1].device:
-            raise ValueError(f"{op}: {name} is on {t.device} but {first[0]} is on {first[1].device}; "
-                             "all tensors must be on one device")
+            raise OpInputError(f"{op}: {name} is on {t.device} but {first[0]} is on {first[1].device}; "
+                               "all tensors must be on one device")
 
 
 def spec_of(torch_qualname: str) -> Optional[OpSpec]:
@@ -160,5 +170,5 @@ def spec_of(torch_qualname: str) -> Optional[OpSpec]:
     return None
 
 
-__all__ = ["OpRegistrationError", "check_library", "check_same_device", "library_ops", "register_op", "spec_of",
+__all__ = ["OpInputError", "OpRegistrationError", "check_library", "check_same_device", "library_ops", "register_op", "spec_of",
            "torch_op"]

@@ -11,7 +11,7 @@ import pkgutil
 
 from ..registration import check_library
 from ._registry import _C  # noqa: F401
-from .deform_conv2d import DEFORM_CONV2D, DeformConv2d, deform_conv2d
+from .deform_conv2d import DEFORM_CONV2D, deform_conv2d
 from .my_add import MY_ADD, MyAdd, MyAddFunction, my_add
 
 for _module in pkgutil.iter_modules(__path__):
@@ -19,5 +19,14 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 check_library("opforge")
+
+
+def __getattr__(name: str):
+    if name == "DeformConv2d":  # made on first use: it subclasses torchvision's, which is slow to import
+        from .deform_conv2d import DeformConv2d
+
+        return DeformConv2d
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["DEFORM_CONV2D", "DeformConv2d", "deform_conv2d", "MY_ADD", "MyAdd", "MyAddFunction", "my_add"]

@@ -17,13 +17,15 @@ libopforge_ort). ``torchvision::deform_conv2d`` gets the same rules.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+import operator
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
+from torch.overrides import handle_torch_function, has_torch_function
 
 from .. import spec as _spec
-from ..registration import check_same_device, register_op
+from ..registration import OpInputError, check_same_device, register_op
 from ._registry import _C
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
@@ -51,18 +53,19 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
     construction. Symbolic sizes (dynamic shapes) get the same output formula."""
     op = "opforge::deform_conv2d: "
     if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise TypeError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and bfloat16")
+        raise OpInputError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and "
+                           "bfloat16")
     for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
         if name == "mask" and not use_mask:
             continue
         if t.dtype != input.dtype:
-            raise TypeError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
+            raise OpInputError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
     ints = (stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups)
     shapes = [list(t.shape) for t in (input, weight, offset, mask, bias)]
     if _concrete([v for shape in shapes for v in shape] + list(ints)):
         out_shape = tuple(_output_shape(*shapes, *ints, bool(use_mask)))
     elif input.dim() != 4 or weight.dim() != 4:
-        raise ValueError(f"{op}input and weight must be 4-D, got shapes {shapes[0]} and {shapes[1]}")
+        raise OpInputError(f"{op}input and weight must be 4-D, got shapes {shapes[0]} and {shapes[1]}")
     else:
         n, _, h, w = input.shape
         o, _, kh, kw = weight.shape
@@ -77,7 +80,10 @@ def _output_shape(*args):
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        return torch.ops.opforge._deform_conv2d_output_shape(*args)
+        try:
+            return torch.ops.opforge._deform_conv2d_output_shape(*args)
+        except RuntimeError as e:  # the kernel's words; OpInputError is a RuntimeError too
+            raise OpInputError(str(e)) from None
 
 
 def _fake(input, weight, offset, mask, bias, *ints_and_mask):
@@ -156,7 +162,7 @@ def _output_shapes(shapes, attrs):
     if all(s is not None and _concrete(s) for s in shapes) and _concrete(ints):
         try:
             return [list(_output_shape(*shapes, *ints, bool(attrs["use_mask"])))]
-        except ValueError:
+        except OpInputError:
             return [None]
 
     def dim(size, pad, dil, k, stride):
@@ -219,76 +225,191 @@ DEFORM_CONV2D = _spec.OpSpec(
 deform_conv2d_op = register_op(DEFORM_CONV2D, extension=_C)
 
 
-def _pair(v) -> Tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+def _int_pair(name: str, value) -> Tuple[int, int]:
+    """stride / padding / dilation: an int or a pair of ints (torchvision's ``_pair``);
+    anything else (a float, three values) is refused rather than truncated."""
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) == 2:
+        try:  # ints, bools and numpy ints pass (as in torchvision); floats and strings do not
+            return operator.index(items[0]), operator.index(items[1])
+        except TypeError:
+            pass
+    raise OpInputError(f"opforge::deform_conv2d: {name} must be an int or a pair of ints, got {value!r}")
 
 
-def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor] = None, stride: Union[int, Tuple[int, int]] = (1, 1),
-                  padding: Union[int, Tuple[int, int]] = (0, 0), dilation: Union[int, Tuple[int, int]] = (1, 1),
-                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``torchvision.ops.deform_conv2d`` with opforge's kernel (same arguments, same result)."""
-    stride_h, stride_w = _pair(stride)
-    pad_h, pad_w = _pair(padding)
-    dil_h, dil_w = _pair(dilation)
-    for name, t, layout in (("input", input, "[N, C, H, W]"), ("weight", weight, "[O, C/groups, kh, kw]"),
-                            ("offset", offset, "[N, 2*offset_groups*kh*kw, oh, ow]")):
-        if t.dim() != 4:  # the rank is needed below to infer groups and offset_groups
-            raise ValueError(f"opforge::deform_conv2d: {name} must be 4-D {layout}, got shape {list(t.shape)}")
-    kh, kw = weight.shape[-2:]
+#: stride / padding / dilation, as TorchScript types them (Union refines by isinstance)
+IntOrPair = Union[int, Tuple[int, int], List[int]]
+
+
+def _script_pair(value: IntOrPair) -> List[int]:
+    """_int_pair for TorchScript (where the types are already checked)."""
+    if isinstance(value, int):
+        return [value, value]
+    elif isinstance(value, list):
+        return value
+    else:
+        return [value[0], value[1]]
+
+
+def _input_error(error: RuntimeError) -> Exception:
+    """A kernel's error about our arguments as an OpInputError (same words); other errors unchanged."""
+    text = str(error)
+    if isinstance(error, OpInputError) or not text.startswith("opforge::deform_conv2d"):
+        return error
+    return OpInputError(text).with_traceback(error.__traceback__)
+
+
+def _compatible_bias(bias: Optional[torch.Tensor], input: torch.Tensor,
+                     out_channels: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """torchvision's bias rule on top of the op's strict one ([O], input's dtype).
+
+    torchvision adds the bias as ``out + bias.view(1, O, 1, 1)``, so it takes any
+    shape with O elements, and any dtype, with type promotion (a float64 bias
+    makes a float32 input's output float64). Returns the bias for the op, and the
+    bias to add afterwards when its dtype differs (None on the usual path)."""
+    if bias is None:
+        return torch.zeros(out_channels, device=input.device, dtype=input.dtype), None
+    if bias.numel() != out_channels:
+        raise OpInputError(f"opforge::deform_conv2d: bias must have out_channels = {out_channels} elements, "
+                           f"got shape {list(bias.shape)}")
+    if bias.dtype == input.dtype:
+        return (bias if bias.dim() == 1 else bias.reshape(out_channels)), None
+    return (torch.zeros(out_channels, device=input.device, dtype=input.dtype),
+            bias.reshape(1, out_channels, 1, 1))
+
+
+def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   stride: List[int], padding: List[int], dilation: List[int],
+                   mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The functional's body, TorchScript-compatible: infers groups and offset
+    groups as torchvision does and calls the op; the op checks the rest."""
+    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
+        raise OpInputError("opforge::deform_conv2d: stride, padding and dilation must be ints or pairs of ints")
+    if input.dim() != 4:  # the ranks are needed here to infer groups and offset_groups
+        raise OpInputError(f"opforge::deform_conv2d: input must be 4-D [N, C, H, W], got shape {list(input.shape)}")
+    if weight.dim() != 4:
+        raise OpInputError(
+            f"opforge::deform_conv2d: weight must be 4-D [O, C/groups, kh, kw], got shape {list(weight.shape)}")
+    if offset.dim() != 4:
+        raise OpInputError("opforge::deform_conv2d: the shape of the offset tensor at dimension 1 is not valid: "
+                           f"offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape {list(offset.shape)}")
+    out_channels, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
+    if kh * kw == 0:
+        raise OpInputError(f"opforge::deform_conv2d: weight has an empty kernel, shape {list(weight.shape)}")
+    offset_groups = offset.shape[1] // (2 * kh * kw)
+    if offset_groups == 0:
+        raise OpInputError("opforge::deform_conv2d: the shape of the offset tensor at dimension 1 is not valid: "
+                           f"offset has {offset.shape[1]} channels, fewer than 2*kh*kw = {2 * kh * kw}")
+    # torchvision's inference of groups; no channels at all (C = 0) means one group
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] > 0 else 1
     use_mask = mask is not None
     if mask is None:
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
     if bias is None:
-        bias = torch.zeros(weight.shape[0], device=input.device, dtype=input.dtype)
-    if kh * kw == 0:
-        raise ValueError(f"opforge::deform_conv2d: weight has an empty kernel, shape {list(weight.shape)}")
-    offset_groups = offset.shape[1] // (2 * kh * kw)
-    # torchvision's inference of groups; no channels at all (C = 0) means one group
-    groups = input.shape[1] // weight.shape[1] if weight.shape[1] else 1
-    if offset_groups == 0:
-        raise ValueError(f"opforge::deform_conv2d: offset has {offset.shape[1]} channels, fewer than 2*kh*kw = {2 * kh * kw}")
-    return deform_conv2d_op(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                            groups, offset_groups, use_mask)
+        bias_for_op = torch.zeros(out_channels, device=input.device, dtype=input.dtype)
+        bias_after: Optional[torch.Tensor] = None
+    else:
+        bias_for_op, bias_after = _compatible_bias(bias, input, out_channels)
+    out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride[0], stride[1], padding[0],
+                                          padding[1], dilation[0], dilation[1], groups, offset_groups, use_mask)
+    return out if bias_after is None else out + bias_after
 
 
-class DeformConv2d(torch.nn.Module):
-    """Drop-in for ``torchvision.ops.DeformConv2d``: same constructor, parameters
-    (``weight``, ``bias``), initialisation and ``forward(input, offset, mask=None)``."""
+def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor] = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
+                  dilation: IntOrPair = 1, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``torchvision.ops.deform_conv2d`` with opforge's kernel: same arguments, inputs
+    accepted and result. Bad input raises :class:`opforge.OpInputError` (a
+    RuntimeError as in torchvision, and a ValueError / TypeError).
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True):
-        super().__init__()
-        if in_channels % groups != 0:
-            raise ValueError("in_channels must be divisible by groups")
-        if out_channels % groups != 0:
-            raise ValueError("out_channels must be divisible by groups")
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
-        self.groups = groups
-        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(out_channels))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+    Works in ``torch.jit.script`` (stride, padding, dilation: int or pair) and is
+    one node in ``torch.fx`` graphs (through ``__torch_function__``, like
+    ``torch.nn.functional``), however it was imported."""
+    if not torch.jit.is_scripting():  # TorchScript parses this block but compiles none of it
+        return _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation, mask)
+    return _deform_conv2d(input, offset, weight, bias, _script_pair(stride), _script_pair(padding),
+                          _script_pair(dilation), mask)
 
-    def reset_parameters(self) -> None:
-        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = torch.nn.init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in)
-            torch.nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input: torch.Tensor, offset: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                             dilation=self.dilation, mask=mask)
+def _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation, mask):
+    tensors = tuple(t for t in (input, offset, weight, bias, mask) if t is not None)
+    if has_torch_function(tensors):  # e.g. torch.fx proxies: record one call to the functional
+        return handle_torch_function(deform_conv2d, tensors, input, offset, weight, bias=bias, stride=stride,
+                                     padding=padding, dilation=dilation, mask=mask)
+    pairs = _int_pair("stride", stride), _int_pair("padding", padding), _int_pair("dilation", dilation)
+    try:
+        return _deform_conv2d(input, offset, weight, bias, *pairs, mask)
+    except RuntimeError as e:
+        raise _input_error(e) from None
 
-    def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
-        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
-        s += f", groups={self.groups}" if self.groups != 1 else ""
-        s += ", bias=False" if self.bias is None else ""
-        return s
+
+def _module_class() -> type:
+    """opforge.DeformConv2d, made on first use: a subclass of
+    ``torchvision.ops.DeformConv2d`` when torchvision is installed (so isinstance
+    checks, weight-init code and torchvision's feature extraction, which keeps
+    torchvision.ops modules as leaves, treat it as torchvision's), else of
+    ``torch.nn.Module``. Made lazily so ``import opforge`` does not import
+    torchvision."""
+    try:
+        import torchvision.ops
+
+        base = torchvision.ops.DeformConv2d
+    except ImportError:
+        base = torch.nn.Module
+
+    class DeformConv2d(base):
+        """Drop-in for ``torchvision.ops.DeformConv2d``: same constructor, parameters
+        (``weight``, ``bias``), initialisation, state_dict, repr and
+        ``forward(input, offset, mask=None)``; scriptable and FX-traceable."""
+
+        def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                     groups: int = 1, bias: bool = True):
+            torch.nn.Module.__init__(self)  # torchvision's __init__ would also log API usage
+            if in_channels % groups != 0:
+                raise ValueError("in_channels must be divisible by groups")
+            if out_channels % groups != 0:
+                raise ValueError("out_channels must be divisible by groups")
+            self.in_channels, self.out_channels = in_channels, out_channels
+            self.kernel_size = _int_pair("kernel_size", kernel_size)
+            self.stride = _int_pair("stride", stride)
+            self.padding = _int_pair("padding", padding)
+            self.dilation = _int_pair("dilation", dilation)
+            self.groups = groups
+            self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+            if bias:
+                self.bias = torch.nn.Parameter(torch.empty(out_channels))
+            else:
+                self.register_parameter("bias", None)
+            self.reset_parameters()
+
+        def reset_parameters(self) -> None:
+            torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+            if self.bias is not None:
+                fan_in, _ = torch.nn.init._calculate_fan_in_and_fan_out(self.weight)
+                bound = 1 / math.sqrt(fan_in)
+                torch.nn.init.uniform_(self.bias, -bound, bound)
+
+        def forward(self, input: torch.Tensor, offset: torch.Tensor,
+                    mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+            return deform_conv2d(input, offset, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                                 dilation=self.dilation, mask=mask)
+
+        __repr__ = torch.nn.Module.__repr__  # torchvision's class defines its own; same text through extra_repr
+
+        def extra_repr(self) -> str:
+            s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+            s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+            s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+            s += f", groups={self.groups}" if self.groups != 1 else ""
+            s += ", bias=False" if self.bias is None else ""
+            return s
+
+    DeformConv2d.__module__, DeformConv2d.__qualname__ = __name__, "DeformConv2d"  # pickles by this name
+    return DeformConv2d
+
+
+def __getattr__(name: str):
+    if name == "DeformConv2d":
+        cls = globals()["DeformConv2d"] = _module_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,6 +77,16 @@ inline std::string deform_conv2d_check_attrs(int64_t stride_h, int64_t stride_w,
 // 32-bit plane indices (core/deform_conv2d_tap.h) to halve the tap tables.
 constexpr int64_t kDeformMaxPlanePixels = 2147483647;
 
+// Which dimension of offset / mask is wrong, in torchvision's words (code that
+// matches torchvision's messages, e.g. r"mask.shape\[1\] is not valid", keeps
+// working); the full expected shape follows.
+inline std::string shape_mismatch_phrase(const char* name, int dim) {
+  const std::string n = name;
+  if (dim == 0) return "invalid batch size of " + n;
+  if (dim == 1) return n + ".shape[1] is not valid";
+  return n + " output dims do not match the computed output dims";
+}
+
 // Checks every argument against torchvision's contract and fills p (incl.
 // out_h/out_w). Returns "" when valid, else a message naming op and argument;
 // every front end raises it (torch CPU/CUDA: Python exception, ORT CPU/CUDA:
@@ -160,8 +170,8 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   const int64_t want_offset[4] = {p.batch, offset_channels, p.out_h, p.out_w};
   for (int i = 0; i < 4; ++i)
     if (offset[i] != want_offset[i])
-      return op + "offset must have shape " + dims_str(want_offset, 4) + " (N, 2*offset_groups*kh*kw, out_h, out_w), got " +
-             dims_str(offset, 4);
+      return op + shape_mismatch_phrase("offset", i) + ": offset must have shape " + dims_str(want_offset, 4) +
+             " (N, 2*offset_groups*kh*kw, out_h, out_w), got " + dims_str(offset, 4);
   if (use_mask) {
     const int64_t want_mask[4] = {p.batch, mask_channels, p.out_h, p.out_w};
     if (mask == nullptr || mask_rank != 4)
@@ -169,8 +179,8 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
              dims_str(mask, mask == nullptr ? 0 : mask_rank);
     for (int i = 0; i < 4; ++i)
       if (mask[i] != want_mask[i])
-        return op + "mask must have shape " + dims_str(want_mask, 4) + " (N, offset_groups*kh*kw, out_h, out_w), got " +
-               dims_str(mask, 4);
+        return op + shape_mismatch_phrase("mask", i) + ": mask must have shape " + dims_str(want_mask, 4) +
+               " (N, offset_groups*kh*kw, out_h, out_w), got " + dims_str(mask, 4);
   }
   if (!(bias_rank == 1 && bias[0] == O))
     return op + "bias must have shape [" + str(O) + "], got " + dims_str(bias, bias_rank);

@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups, bool use_mask) {
   const DeformConv2dParams p = deform_conv2d_check_args(input_, weight_, offset_, mask_, bias_, stride_h, stride_w, pad_h, pad_w,
                                           dil_h, dil_w, groups, offset_groups, use_mask);
-  TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == p.batch && grad_.size(1) == p.out_channels &&
+  TORCH_CHECK(grad_.dim() == 4 && grad_.size(0) == p.batch && grad_.size(1) == p.out_channels &&
                         grad_.size(2) == p.out_h && grad_.size(3) == p.out_w,
                     "opforge::deform_conv2d backward: grad has shape ", grad_.sizes(), ", expected [", p.batch, ", ",
                     p.out_channels, ", ", p.out_h, ", ", p.out_w, "]");
@@ -166,7 +166,7 @@ std::vector<int64_t> deform_conv2d_output_shape(c10::IntArrayRef input, c10::Int
       static_cast<int>(offset.size()), use_mask ? mask.data() : nullptr, static_cast<int>(mask.size()), bias.data(),
       static_cast<int>(bias.size()), stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask,
       p);
-  TORCH_CHECK_VALUE(err.empty(), err);
+  TORCH_CHECK(err.empty(), err);
   return {p.batch, p.out_channels, p.out_h, p.out_w};
 }
 

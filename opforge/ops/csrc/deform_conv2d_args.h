@@ -1,7 +1,10 @@
 // Argument checks of opforge::deform_conv2d shared by its CPU and CUDA
 // kernels: dtypes here, shapes and hyper-parameters in the core
-// (core::deform_conv2d_check, also used by the ORT kernels), raised as
-// TypeError / ValueError naming the op and the argument.
+// (core::deform_conv2d_check, also used by the ORT kernels), naming the op and
+// the argument. Raised as RuntimeError (TORCH_CHECK), like torchvision's
+// kernels, since this op is a drop-in for torchvision::deform_conv2d; the
+// Python entry points re-raise them as opforge.OpInputError, which is also a
+// ValueError and a TypeError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,14 +21,14 @@ inline core::DeformConv2dParams deform_conv2d_check_args(const at::Tensor& input
                               int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
                               int64_t offset_groups, bool use_mask) {
   const at::ScalarType t = input.scalar_type();
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
                    "opforge::deform_conv2d: input has dtype ", t,
                    "; supported dtypes are float32, float64, float16 and bfloat16");
   const std::pair<const char*, const at::Tensor*> others[] = {
       {"weight", &weight}, {"offset", &offset}, {"mask", &mask}, {"bias", &bias}};
   for (const auto& [name, tensor] : others) {
     if (std::string(name) == "mask" && !use_mask) continue;
-    TORCH_CHECK_TYPE(tensor->scalar_type() == t, "opforge::deform_conv2d: ", name, " has dtype ",
+    TORCH_CHECK(tensor->scalar_type() == t, "opforge::deform_conv2d: ", name, " has dtype ",
                      tensor->scalar_type(), " but input has dtype ", t, "; all must match");
   }
   core::DeformConv2dParams p;
@@ -34,7 +37,7 @@ inline core::DeformConv2dParams deform_conv2d_check_args(const at::Tensor& input
       offset.sizes().data(), static_cast<int>(offset.dim()), use_mask ? mask.sizes().data() : nullptr,
       static_cast<int>(mask.dim()), bias.sizes().data(), static_cast<int>(bias.dim()), stride_h, stride_w, pad_h,
       pad_w, dil_h, dil_w, groups, offset_groups, use_mask, p);
-  TORCH_CHECK_VALUE(err.empty(), err);
+  TORCH_CHECK(err.empty(), err);
   return p;
 }
 

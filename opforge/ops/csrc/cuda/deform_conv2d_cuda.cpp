@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const DeformConv2dParams p = deform_conv2d_check_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
                                                         pad_w, dil_h, dil_w, groups, offset_groups, use_mask);
   check_devices(input, weight, offset, mask, bias, use_mask, &grad);
-  TORCH_CHECK_VALUE(grad.dim() == 4 && grad.size(0) == p.batch && grad.size(1) == p.out_channels &&
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == p.batch && grad.size(1) == p.out_channels &&
                         grad.size(2) == p.out_h && grad.size(3) == p.out_w,
                     "opforge::deform_conv2d backward: grad has shape ", grad.sizes(), ", expected [", p.batch, ", ",
                     p.out_channels, ", ", p.out_h, ", ", p.out_w, "]");
