@@ -61,7 +61,7 @@ def _forward_kernel(input, weight, offset, mask, bias, stride_h, stride_w, pad_h
         bias_for_op, bias_after = _compatible_bias(bias, input, weight.shape[0])
         out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h,
                                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
         raise _input_error(e) from None
     return out if bias_after is None else out + bias_after
 
@@ -75,7 +75,7 @@ def _backward_kernel(grad, input, weight, offset, mask, bias, stride_h, stride_w
         grads = torch.ops.opforge._deform_conv2d_backward(
             grad.to(input.dtype), input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h, pad_w,
             dilation_h, dilation_w, groups, offset_groups, use_mask)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
         raise _input_error(e) from None
     grad_input, grad_weight, grad_offset, grad_mask, grad_bias = grads
     if bias_after is not None:  # the output was promoted to the bias's dtype: sum the gradient there

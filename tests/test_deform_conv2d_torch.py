@@ -180,7 +180,7 @@ def bad_cases():
         "zero-stride": (dict(ints=[0, 1, 1, 1, 1, 1, 1, 1]), r"stride must be positive, got \(0, 1\)"),
         "negative-dilation": (dict(ints=[1, 1, 1, 1, 1, -1, 1, 1]), r"dilation must be positive, got \(1, -1\)"),
         "weight-channels": (dict(weight=w[:, :3]), r"weight.size\(1\) \* groups must equal input channels: 3 \* 1 != 4"),
-        "bias-shape": (dict(bias=b[:3]), r"bias must have shape \[4\], got \[3\]"),
+        "bias-shape": (dict(bias=b[:3]), r"bias must have shape \[4\], got \[3\]"),  # the op's rule: [O], exactly
         "input-rank": (dict(input=x[0]), r"input must be 4-D"),
     }
     for name, (override, msg) in cases.items():
@@ -192,19 +192,21 @@ def bad_cases():
 def test_bad_input_errors(name, args, msg, fake):
     call = lambda a: torch.ops.opforge.deform_conv2d(a["input"], a["weight"], a["offset"], a["mask"], a["bias"],
                                                      *a["ints"], a["use_mask"])
+    # the raw op raises RuntimeError like torchvision's kernel; the fake impl the same words
+    # as opforge.OpInputError, which is a RuntimeError too
     if fake:
         with FakeTensorMode() as mode:
             args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-            with pytest.raises(ValueError, match="opforge::deform_conv2d: " + msg):
+            with pytest.raises(opforge.OpInputError, match="opforge::deform_conv2d: .*" + msg):
                 call(args)
     else:
-        with pytest.raises(ValueError, match="opforge::deform_conv2d: " + msg):
+        with pytest.raises(RuntimeError, match="opforge::deform_conv2d: .*" + msg):
             call(args)
 
 
 def test_dtype_errors():
     x, w, off, mask, b = deform_inputs(**BASE, dtype=torch.float32)
-    with pytest.raises(TypeError, match="opforge::deform_conv2d: offset has dtype (Double|torch.float64) but input has dtype"):
+    with pytest.raises(opforge.OpInputError, match="opforge::deform_conv2d: offset has dtype (Double|torch.float64) but input has dtype"):
         opforge.deform_conv2d(x, off.double(), w, b, padding=1)
-    with pytest.raises(TypeError, match="opforge::deform_conv2d: input has dtype (Int|torch.int32); supported dtypes are float32, float64, float16 and bfloat16"):
+    with pytest.raises(opforge.OpInputError, match="opforge::deform_conv2d: input has dtype (Int|torch.int32); supported dtypes are float32, float64, float16 and bfloat16"):
         opforge.deform_conv2d(x.int(), off.int(), w.int(), b.int(), padding=1)

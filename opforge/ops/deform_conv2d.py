@@ -251,8 +251,9 @@ def _script_pair(value: IntOrPair) -> List[int]:
         return [value[0], value[1]]
 
 
-def _input_error(error: RuntimeError) -> Exception:
-    """A kernel's error about our arguments as an OpInputError (same words); other errors unchanged."""
+def _input_error(error: Exception) -> Exception:
+    """A kernel's error about our arguments (RuntimeError; ValueError for mixed devices)
+    as an OpInputError with the same words; other errors unchanged."""
     text = str(error)
     if isinstance(error, OpInputError) or not text.startswith("opforge::deform_conv2d"):
         return error
@@ -339,7 +340,7 @@ def _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation,
     pairs = _int_pair("stride", stride), _int_pair("padding", padding), _int_pair("dilation", dilation)
     try:
         return _deform_conv2d(input, offset, weight, bias, *pairs, mask)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
         raise _input_error(e) from None
 
 
