@@ -80,6 +80,15 @@ def test_deform_conv2d_benchmark_reports_ratios(tmp_path):
         assert result[key] > 0
 
 
+def test_torchvision_patch_benchmark_reports_speedups_and_agreement(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_torchvision_patch.py"), "--batch", "1", "--size", "64",
+               "--repeats", "1", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result["inference_speedup"] > 0 and result["train_step_speedup"] > 0
+    assert result["max_relative_output_difference"] < 1e-4  # the patched model computes the same thing
+
+
 def test_aten_fallback_benchmark_reports_overhead(tmp_path):
     out = run([str(ROOT / "benchmarks" / "bench_aten_fallback.py"), "--nodes", "8", "--repeats", "5", "--json"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
