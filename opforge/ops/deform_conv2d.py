@@ -222,7 +222,7 @@ DEFORM_CONV2D = _spec.OpSpec(
     torch_aliases=("torchvision::deform_conv2d",),
 )
 
-deform_conv2d_op = register_op(DEFORM_CONV2D, extension=_C)
+register_op(DEFORM_CONV2D, extension=_C)
 
 
 def _int_pair(name: str, value) -> Tuple[int, int]:
