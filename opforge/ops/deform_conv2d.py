@@ -306,11 +306,7 @@ def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tens
     use_mask = mask is not None
     if mask is None:
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
-    if bias is None:
-        bias_for_op = torch.zeros(out_channels, device=input.device, dtype=input.dtype)
-        bias_after: Optional[torch.Tensor] = None
-    else:
-        bias_for_op, bias_after = _compatible_bias(bias, input, out_channels)
+    bias_for_op, bias_after = _compatible_bias(bias, input, out_channels)
     out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride[0], stride[1], padding[0],
                                           padding[1], dilation[0], dilation[1], groups, offset_groups, use_mask)
     return out if bias_after is None else out + bias_after
