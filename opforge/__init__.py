@@ -5,7 +5,9 @@ every built-in op through the same public API a package uses for its own ops:
 :func:`register_op` (fake impl, autograd, ONNX schema, TorchScript symbolics; the
 dynamo translation and ``onnx.reference`` op read the registry), and ORT libraries by
 ONNX domain (:func:`register_ort_library`, :func:`ort_library_path`,
-:func:`ort_session`). :mod:`opforge.build` builds a package's own kernels;
+:func:`ort_session`). :func:`register_prototype` makes an op from a spec and a numpy function
+alone (torch, both exporters, and ONNX Runtime through onnxruntime-extensions), before any C++
+exists. :mod:`opforge.build` builds a package's own kernels;
 :mod:`opforge.testing` checks an op end to end; ``opforge new-op`` writes a working one.
 """
 
@@ -21,8 +23,10 @@ from .ort_kernels import (
     ort_libraries,
     ort_library_path,
     ort_session,
+    ortx_version,
     register_ort_library,
 )
+from .prototype import PrototypeKernelWarning, register_prototype
 from .registration import OpInputError, OpRegistrationError, check_library, check_same_device, register_op
 from .spec import AttrArg, OpSpec, TensorArg
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
@@ -57,6 +61,7 @@ __all__ = [
     "OpInputError",
     "OpRegistrationError",
     "OpSpec",
+    "PrototypeKernelWarning",
     "TensorArg",
     "TorchvisionPatch",
     "aten_library_path",
@@ -71,7 +76,9 @@ __all__ = [
     "ort_library_path",
     "ort_session",
     "patch_torchvision",
+    "ortx_version",
     "register_op",
+    "register_prototype",
     "register_ort_library",
     "spec",
     "standard_onnx",

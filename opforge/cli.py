@@ -2,7 +2,7 @@
 
     opforge demo [--exporter {both,dynamo,torchscript}] [--opset N] [--out DIR]
     opforge info
-    opforge new-op NAME --package PKG [--dir DIR] [--domain DOMAIN] [--cuda|--no-cuda] [--force]
+    opforge new-op NAME --package PKG [--dir DIR] [--domain DOMAIN] [--cuda|--no-cuda|--prototype] [--force]
     opforge ort-library-path [DOMAIN]
     opforge fetch-ort-headers [--dest DIR] [--force]
     opforge include-paths
@@ -107,6 +107,8 @@ def cmd_info(args) -> int:
     import torch
 
     import opforge
+    from opforge.ort_kernels import ORTX_PIN
+    from opforge.prototype import is_prototype
     from opforge.spec import REGISTRY
 
     failed = _load_extensions()
@@ -114,6 +116,8 @@ def cmd_info(args) -> int:
     print(f"torch          {torch.__version__} (cuda {torch.version.cuda})")
     print(f"onnx           {onnx.__version__}")
     print(f"onnxruntime    {onnxruntime.__version__}")
+    ortx = opforge.ortx_version()
+    print(f"onnxruntime-extensions {ortx or f'not installed (pip install {ORTX_PIN}; needed for prototype ops)'}")
     print(f"torch ext      {opforge._C.__file__}")
     if opforge.BUILT_WITH_CUDA:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU visible"
@@ -129,6 +133,8 @@ def cmd_info(args) -> int:
             extras.append("standard-ONNX lowering")
         if not spec.differentiable:
             extras.append("no autograd")
+        if is_prototype(spec.onnx_qualname):
+            extras.append("prototype: numpy kernel, ORT through onnxruntime-extensions")
         print(f"op             {spec.onnx_qualname} v{spec.domain_version}: torch.ops.{spec.namespace}.{spec.name} "
               f"({spec.namespace}::{spec.schema}; {'; '.join(extras)})")
     for f in failed:
@@ -148,7 +154,8 @@ def cmd_ort_library_path(args) -> int:
 def cmd_new_op(args) -> int:
     from .scaffold import new_op
 
-    new_op(args.name, args.package, args.dir, domain=args.domain, cuda=args.cuda, force=args.force)
+    new_op(args.name, args.package, args.dir, domain=args.domain, cuda=args.cuda, force=args.force,
+           prototype=args.prototype)
     return 0
 
 
@@ -188,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     new = sub.add_parser("new-op", help="write a standalone package with one working custom op",
                          description="Writes an installable package with a working op y = x * sigmoid(alpha * x) "
-                         "(torch CPU/CUDA kernels, ORT CPU/CUDA-EP kernels, spec, tests, README).")
+                         "(torch CPU/CUDA kernels, ORT CPU/CUDA-EP kernels, spec, tests, README); with --prototype, "
+                         "the same op as a spec and a numpy kernel, no C++.")
     new.add_argument("name", help="op name (torch.ops.PKG.NAME)")
     new.add_argument("--package", required=True, metavar="PKG", help="Python package and torch namespace")
     new.add_argument("--dir", default=None, metavar="DIR", help="where to write it (default: ./PKG)")
@@ -197,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     cuda.add_argument("--cuda", dest="cuda", action="store_true", default=True,
                       help="include CUDA kernels, built when OPFORGE_CUDA allows (default)")
     cuda.add_argument("--no-cuda", dest="cuda", action="store_false", help="CPU kernels only")
+    cuda.add_argument("--prototype", action="store_true",
+                      help="no C++: the op as a spec + numpy kernel, run in ONNX Runtime through "
+                           "onnxruntime-extensions (pure-Python package; move it to C++ later)")
     new.add_argument("--force", action="store_true", help="write into a non-empty directory")
     new.set_defaults(func=cmd_new_op)
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "new_op"
+#: ``opforge new-op --prototype``: the same op as a spec + numpy kernel (no C++), run in ONNX
+#: Runtime through onnxruntime-extensions.
+PROTOTYPE_TEMPLATE_DIR = TEMPLATE_DIR.with_name("new_op_prototype")
 _DOMAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -73,19 +76,25 @@ def render(text: str, subs: dict[str, str]) -> str:
 
 
 def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, domain: Optional[str] = None,
-           cuda: bool = True, force: bool = False, log: Callable[[str], None] = print) -> Path:
+           cuda: bool = True, force: bool = False, prototype: bool = False,
+           log: Callable[[str], None] = print) -> Path:
     """Writes the package ``package`` with the op ``name`` into ``directory`` (default
-    ``./<package>``) and returns that directory. ``cuda=False`` leaves out the CUDA kernels."""
+    ``./<package>``) and returns that directory. ``cuda=False`` leaves out the CUDA kernels;
+    ``prototype=True`` writes a pure-Python package instead (spec + numpy kernel, ONNX Runtime
+    through onnxruntime-extensions; see :func:`opforge.register_prototype`)."""
     spec = validate(name, package, domain)
+    if prototype:
+        cuda = False
     spec = NewOp(spec.name, spec.package, spec.domain, cuda)
     dest = Path(directory) if directory is not None else Path.cwd() / package
     if dest.exists() and any(dest.iterdir()) and not force:
         raise FileExistsError(f"opforge new-op: {dest} exists and is not empty (use --force to write into it)")
     subs = spec.substitutions()
     written = []
-    for template in sorted(TEMPLATE_DIR.rglob("*.tmpl")):
-        rel = template.relative_to(TEMPLATE_DIR).as_posix()[: -len(".tmpl")]
-        if not cuda and "/cuda/" in f"/{rel}":
+    templates = PROTOTYPE_TEMPLATE_DIR if prototype else TEMPLATE_DIR
+    for template in sorted(templates.rglob("*.tmpl")):
+        rel = template.relative_to(templates).as_posix()[: -len(".tmpl")]
+        if not cuda and not prototype and "/cuda/" in f"/{rel}":
             continue
         target = dest / rel.replace("__PKG__", package).replace("__NAME__", name)
         text = render(template.read_text(), subs)
@@ -94,14 +103,16 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         written.append(target.relative_to(dest).as_posix())
-    log(f"opforge new-op: wrote package {package!r} with op {package}::{name} (ONNX {spec.domain}::{name}"
-        f"{', CUDA kernels' if cuda else ', CPU only'}) to {dest}:")
+    kind = ", prototype: numpy kernel, no C++" if prototype else (", CUDA kernels" if cuda else ", CPU only")
+    log(f"opforge new-op: wrote package {package!r} with op {package}::{name} (ONNX {spec.domain}::{name}{kind}) "
+        f"to {dest}:")
     for w in written:
         log(f"  {w}")
+    what = "pure Python, nothing to compile" if prototype else f"builds the torch extension and lib{package}_ort.so"
     log("next:\n"
-        f"  pip install --no-build-isolation -e {dest}   # builds the torch extension and lib{package}_ort.so\n"
+        f"  pip install --no-build-isolation -e {dest}   # {what}\n"
         f"  python -m pytest {dest}                        # the op end to end")
     return dest
 
 
-__all__ = ["TEMPLATE_DIR", "new_op", "validate"]
+__all__ = ["PROTOTYPE_TEMPLATE_DIR", "TEMPLATE_DIR", "new_op", "validate"]

@@ -20,10 +20,12 @@ custom domains need, once each::
 
 from __future__ import annotations
 
+import glob
 import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -56,11 +58,48 @@ def _built_library(name: str) -> str:
     return str(path)
 
 
+#: The domain of onnxruntime-extensions' own ops (and of its Python ops given a bare op_type).
+ORTX_DOMAIN = "ai.onnx.contrib"
+#: The domains whose ops are built into the onnxruntime-extensions library.
+ORTX_DOMAINS = (ORTX_DOMAIN, "com.microsoft.extensions")
+ORTX_DISTRIBUTION = "onnxruntime-extensions"
+ORTX_PIN = "onnxruntime-extensions==0.15.2"
+
+
+def ortx_version() -> Optional[str]:
+    """The installed onnxruntime-extensions version, or None."""
+    try:
+        return importlib.metadata.version(ORTX_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def ortx_library_path() -> str:
+    """Path of onnxruntime-extensions' ORT custom-op library, found without importing the package
+    (which would import onnx and onnxruntime's Python API, and this must work without either)."""
+    found = importlib.util.find_spec("onnxruntime_extensions")
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(f"opforge: onnxruntime-extensions is not installed (pip install {ORTX_PIN}); its "
+                                f"library serves the ONNX domains {list(ORTX_DOMAINS)} and opforge's prototype ops")
+    for location in found.submodule_search_locations:
+        hits = sorted(glob.glob(os.path.join(location, "_extensions_pydll*.so")) +
+                      glob.glob(os.path.join(location, "_extensions_pydll*.pyd")))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(f"opforge: onnxruntime-extensions at {list(found.submodule_search_locations)} has no "
+                            f"_extensions_pydll library; reinstall it ({ORTX_PIN})")
+
+
 #: domain -> (where it came from, path or zero-argument function returning the path)
 _LIBRARIES: dict[str, tuple[str, PathSource]] = {
     DOMAIN: ("opforge (built-in)", lambda: _built_library(_LIB_NAME)),
     ATEN_DOMAIN: ("opforge (built-in, links libtorch)", lambda: _built_library(_ATEN_LIB_NAME)),
+    **{d: (ORTX_DISTRIBUTION, ortx_library_path) for d in ORTX_DOMAINS},
 }
+
+
+def _is_ortx(path: str) -> bool:
+    return os.path.basename(path).startswith("_extensions_pydll")
 
 
 class MissingOrtLibrary(LookupError):
@@ -244,7 +283,7 @@ def _audit(domain: str, path: str, used: Sequence[str]) -> None:
 def _register_libraries(so, domains, used: Sequence[str] = ()) -> list[str]:
     """Registers the library of each domain in ``so`` unless it already has one (libraries built
     on opforge mark the options); returns the domains with no known library."""
-    unknown = []
+    unknown, registered = [], set()
     for domain in domains:
         if _has_domain(so, domain):
             continue
@@ -253,8 +292,12 @@ def _register_libraries(so, domains, used: Sequence[str] = ()) -> list[str]:
         except MissingOrtLibrary:
             unknown.append(domain)
             continue
-        _audit(domain, path, used)
+        if path in registered:  # one library serving several domains (onnxruntime-extensions)
+            continue
+        if not _is_ortx(path):  # ortx's kernels for prototype ops are registered with the ops themselves
+            _audit(domain, path, used)
         so.register_custom_ops_library(path)
+        registered.add(path)
     return unknown
 
 
@@ -292,9 +335,14 @@ def ort_session(
         domains.append(ATEN_DOMAIN)
     if register_aten is False and ATEN_DOMAIN in domains:
         domains.remove(ATEN_DOMAIN)
-    unknown = _register_libraries(so, domains, [op for ops in needed.values() for op in ops])
+    used = [op for ops in needed.values() for op in ops]
+    unknown = _register_libraries(so, domains, used)
+    session_class = ort.InferenceSession
+    prototype = sys.modules.get("opforge.prototype")  # loaded by register_prototype: no prototypes without it
+    if prototype is not None and prototype.prototype_ops(used):
+        session_class = prototype.session_class()  # raises prototype ops' errors (ortx cannot)
     try:
-        return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+        return session_class(data, so, providers=list(providers or ["CPUExecutionProvider"]))
     except Exception as exc:  # ORT raises its own pybind exception types
         text = str(exc)
         if not needed or "not a registered function/op" not in text:
@@ -307,6 +355,11 @@ def ort_session(
                 lines.append(f"{ops}: no ONNX Runtime library is known for domain {domain!r}; install the package "
                              f"that provides it (found through the {ENTRY_POINT_GROUP!r} entry point) or call "
                              f"opforge.register_ort_library({domain!r}, path)")
+            elif _LIBRARIES.get(domain, ("", ""))[1] is ortx_library_path:
+                lines.append(f"{ops}: the session has the onnxruntime-extensions library for domain {domain!r}, but "
+                             "it has no op of that name: not one of its own ops, and no Python op of that name "
+                             "(opforge.register_prototype, onnxruntime_extensions.onnx_op) is defined in this "
+                             "process; import the package that defines it before creating the session")
             elif domain == DOMAIN:
                 lines.append(f"{ops}: the session has no opforge kernels; register them before creating it: "
                              f"{REGISTER_HINT} (or use opforge.ort_session(model))")
@@ -355,6 +408,8 @@ def check_library_kernels(domain: str, specs=None) -> list[str]:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ORTX_DOMAIN",
+    "ORTX_DOMAINS",
     "MissingOpforgeKernels",
     "MissingOrtKernels",
     "MissingOrtLibrary",
@@ -365,5 +420,7 @@ __all__ = [
     "ort_libraries",
     "ort_library_path",
     "ort_session",
+    "ortx_library_path",
+    "ortx_version",
     "register_ort_library",
 ]
