@@ -314,13 +314,13 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
     known = PROTOTYPES.get(spec.onnx_qualname)
     if known is not None and known.spec is spec:
         return getattr(getattr(torch.ops, spec.namespace), spec.name).default
+    if spec.onnx_qualname in _spec.REGISTRY:
+        raise OpRegistrationError(f"opforge.register_prototype: {spec.onnx_qualname} is registered already "
+                                  "(as a compiled op, or by another spec)")
     _check_spec(spec, impl)
     if ortx_version() is None:
         raise OpRegistrationError(f"opforge.register_prototype({spec.torch_qualname}): its ONNX Runtime kernel is an "
                                   f"onnxruntime-extensions Python op; pip install {ORTX_PIN}")
-    if spec.onnx_qualname in _spec.REGISTRY:
-        raise OpRegistrationError(f"opforge.register_prototype: {spec.onnx_qualname} is registered already "
-                                  "(as a compiled op, or by another spec)")
     declared = _op_declared(spec)
     if declared and torch._C._dispatch_has_kernel_for_dispatch_key(spec.torch_qualname, "CPU"):
         raise OpRegistrationError(f"opforge.register_prototype: {spec.torch_qualname} has a CPU kernel already (a "
@@ -359,6 +359,22 @@ def prototype_ops(nodes) -> list[str]:
 _SESSION_CLASS = None
 
 
+def _raising_prototype_errors(run, *args, **kwargs):
+    """Calls ``run`` collecting the errors of prototype ops on this thread (ORT runs a model's nodes
+    on the calling thread unless the session's execution mode is parallel), then raises the first."""
+    outer = getattr(_STATE, "errors", None)
+    _STATE.errors = []
+    try:
+        result = run(*args, **kwargs)
+        errors = _STATE.errors
+    finally:
+        _STATE.errors = outer
+    if errors:
+        first = errors[0]
+        raise type(first)(str(first)) from first
+    return result
+
+
 def session_class():
     """:class:`PrototypeSession`, an ``onnxruntime.InferenceSession`` whose ``run`` raises the errors of
     prototype ops (made on first use: importing onnxruntime is not free)."""
@@ -368,21 +384,18 @@ def session_class():
 
         class PrototypeSession(onnxruntime.InferenceSession):
             """An ``InferenceSession`` for models with prototype ops: an error inside one (bad input,
-            its implementation failing) is raised from ``run`` -- :class:`opforge.OpInputError` for bad
-            input, RuntimeError otherwise -- instead of becoming NaN outputs."""
+            its implementation failing) is raised from ``run`` (and ``run_with_ort_values``,
+            ``run_with_iobinding``) -- :class:`opforge.OpInputError` for bad input, RuntimeError
+            otherwise -- instead of becoming empty or NaN outputs."""
 
-            def run(self, output_names, input_feed, run_options=None):
-                outer = getattr(_STATE, "errors", None)
-                _STATE.errors = []
-                try:
-                    result = super().run(output_names, input_feed, run_options)
-                    errors = _STATE.errors
-                finally:
-                    _STATE.errors = outer
-                if errors:
-                    first = errors[0]
-                    raise type(first)(str(first)) from first
-                return result
+            def run(self, *args, **kwargs):
+                return _raising_prototype_errors(super().run, *args, **kwargs)
+
+            def run_with_ort_values(self, *args, **kwargs):
+                return _raising_prototype_errors(super().run_with_ort_values, *args, **kwargs)
+
+            def run_with_iobinding(self, *args, **kwargs):
+                return _raising_prototype_errors(super().run_with_iobinding, *args, **kwargs)
 
         _SESSION_CLASS = PrototypeSession
     return _SESSION_CLASS
