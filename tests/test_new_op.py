@@ -106,6 +106,57 @@ def test_mixed_model_both_exporters_one_session(scaffold):
     assert status == "ok" and lib == str(pkg_dir / "src" / PKG / f"lib{PKG}_ort.so")
 
 
+def test_moving_a_prototype_to_cpp_changes_neither_model_code_nor_exported_model(scaffold, tmp_path):
+    """`new-op --prototype` and `new-op` of the same op: one model script, run against each package,
+    exports the same nodes with both exporters, and ORT matches torch and the other package."""
+    python, pkg_dir = scaffold
+    proto_dir = tmp_path / PKG
+    gen = _run([python, "-m", "opforge", "new-op", NAME, "--package", PKG, "--domain", DOMAIN, "--prototype", "--dir",
+                str(proto_dir)], cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr
+    script = textwrap.dedent(f"""
+        import json, numpy as np, torch, opforge, {PKG}
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(6, 6)
+                self.act = {PKG}.{NAME.capitalize()}(alpha=0.75)
+
+            def forward(self, x):
+                return self.act(self.linear(x)) - torch.ops.{PKG}.{NAME}(x, 2.0)
+
+        torch.manual_seed(0)
+        model = Model().eval()
+        x = torch.linspace(-3, 3, 30).reshape(5, 6)
+        report = {{"prototype": getattr({PKG}, "PROTOTYPE", False), "nodes": {{}}, "outputs": {{}}}}
+        for dynamo in (True, False):
+            kw = dict(dynamic_shapes=({{0: torch.export.Dim("batch")}},)) if dynamo else dict(
+                dynamic_axes={{"x": {{0: "batch"}}}}, opset_version=17)
+            proto = opforge.export(model, (torch.randn(2, 6),), dynamo=dynamo, input_names=["x"], **kw)
+            (got,) = opforge.ort_session(proto).run(None, {{"x": x.numpy()}})
+            np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+            name = "dynamo" if dynamo else "torchscript"
+            report["nodes"][name] = sorted({{f"{{n.domain}}::{{n.op_type}}" for n in proto.graph.node if n.domain}})
+            report["outputs"][name] = got.tolist()
+        print("REPORT", json.dumps(report))
+    """)
+    reports = {}
+    for label, env in (("compiled", dict(os.environ)), ("prototype", dict(os.environ, PYTHONPATH=str(proto_dir / "src")))):
+        run = _run([python, "-c", script], cwd=tmp_path, env=env)
+        assert run.returncode == 0, (label, run.stderr[-4000:])
+        import json
+
+        reports[label] = json.loads(run.stdout.split("REPORT ", 1)[1])
+    assert reports["prototype"]["prototype"] is True and reports["compiled"]["prototype"] is False
+    for exporter in ("dynamo", "torchscript"):
+        assert reports["prototype"]["nodes"][exporter] == reports["compiled"]["nodes"][exporter] == [f"{DOMAIN}::{NAME}"]
+        import numpy as np
+
+        np.testing.assert_allclose(reports["prototype"]["outputs"][exporter], reports["compiled"]["outputs"][exporter],
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_ort_session_finds_the_library_by_entry_point_without_importing_the_package(scaffold):
     python, pkg_dir = scaffold
     script = textwrap.dedent(f"""
