@@ -78,6 +78,9 @@ class Prototype:
 
     spec: OpSpec
     impl: Callable[..., Any]
+    #: (input shapes, dtypes, devices, attributes) -> the fake impl's ((shape, dtype), ...) or its error:
+    #: a fake impl sees metadata only, so one call per signature is enough (it costs ~80 us)
+    fake_cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 #: onnx_qualname -> Prototype
@@ -127,21 +130,44 @@ def _check_spec(spec: OpSpec, impl: Callable) -> None:
 # ---- calling impl the same way from both runtimes -------------------------------------------------
 
 
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+_FAKE_CACHE_SIZE = 1024
 
 
-def _fake_outputs(spec: OpSpec, values: list) -> tuple:
-    """The spec's fake impl on shape-only copies of ``values``: validates them and gives the outputs'
-    shapes and dtypes. Its errors become :class:`OpInputError` (same words)."""
-    meta = [_meta(v) if isinstance(v, torch.Tensor) else v for v in values]
-    try:
-        out = spec.fake(*meta)
-    except OpInputError:
-        raise
-    except (ValueError, TypeError, RuntimeError, IndexError) as exc:
-        raise OpInputError(str(exc)) from exc
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+def _signature(values) -> tuple:
+    """What a fake impl can see of torch-order ``values``: tensors' shapes, dtypes and devices, and the
+    attribute values. (A _TensorMeta stands for an ORT input.)"""
+    return tuple((tuple(v.shape), v.dtype, str(v.device)) if isinstance(v, (torch.Tensor, _TensorMeta))
+                 else (type(v), v) for v in values)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorMeta:
+    shape: tuple
+    dtype: torch.dtype
+    device: str = "cpu"
+
+
+def _expected_outputs(proto: Prototype, values: list) -> tuple:
+    """``((shape, dtype), ...)`` of the outputs, from the spec's fake impl run on shape-only (meta)
+    copies of ``values`` (torch-order tensors, or _TensorMeta). The fake impl validates the call:
+    its errors become :class:`OpInputError` (same words)."""
+    key = _signature(values)
+    hit = proto.fake_cache.get(key)
+    if hit is None:
+        meta = [torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, (torch.Tensor, _TensorMeta))
+                else v for v in values]
+        try:
+            out = proto.spec.fake(*meta)
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            hit = tuple((tuple(o.shape), o.dtype) for o in out)
+        except (ValueError, TypeError, RuntimeError, IndexError) as exc:
+            hit = exc
+        if len(proto.fake_cache) >= _FAKE_CACHE_SIZE:
+            proto.fake_cache.clear()
+        proto.fake_cache[key] = hit
+    if isinstance(hit, BaseException):
+        raise OpInputError(str(hit)) from hit
+    return hit
 
 
 def _attr_value(arg: AttrArg, value):
@@ -188,7 +214,7 @@ def _torch_kernel(proto: Prototype):
 
     def kernel(*args, **kwargs):
         values = list(args) + [kwargs[n] for n in names[len(args):]]
-        expected = _fake_outputs(spec, values)
+        expected = _expected_outputs(proto, values)
         arrays, attrs = [], {}
         for arg, value in zip(spec.args, values):
             if isinstance(arg, TensorArg):
@@ -197,12 +223,11 @@ def _torch_kernel(proto: Prototype):
                 attrs[arg.onnx_name] = _attr_value(arg, value)
         device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
         outs = []
-        for i, (r, want) in enumerate(zip(_call_impl(proto, arrays, attrs), expected)):
-            _check_shape(proto, i, r.shape, want.shape)
-            t = torch.from_numpy(np.ascontiguousarray(r)) if r.dtype != object else None
-            if t is None:
+        for i, (r, (shape, dtype)) in enumerate(zip(_call_impl(proto, arrays, attrs), expected)):
+            _check_shape(proto, i, r.shape, shape)
+            if r.dtype == object:
                 raise RuntimeError(f"{spec.torch_qualname}: the prototype implementation returned an object array")
-            outs.append(t.to(device=device, dtype=want.dtype))
+            outs.append(torch.from_numpy(np.ascontiguousarray(r)).to(device=device, dtype=dtype))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     kernel.__name__ = f"{spec.name}_prototype_kernel"
@@ -216,7 +241,7 @@ def _fail_outputs(proto: Prototype, expected: Optional[tuple], dtype: np.dtype) 
     """What an op that failed returns to ORT: NaN (0 for integers) of the expected shapes."""
     k_outputs = []
     for i in range(len(proto.spec.outputs)):
-        shape = tuple(expected[i].shape) if expected is not None else (0,)
+        shape = expected[i][0] if expected is not None else (0,)
         fill = np.nan if np.issubdtype(dtype, np.floating) else 0
         k_outputs.append(np.full(shape, fill, dtype=dtype))
     return tuple(k_outputs)
@@ -229,17 +254,17 @@ def _run_in_ort(proto: Prototype, dtype: np.dtype, feed: list, attributes: dict)
     for arg in spec.args:
         if isinstance(arg, TensorArg):
             a = next(inputs)
-            values.append(torch.empty(a.shape, dtype=_TORCH_OF_NUMPY[a.dtype], device="meta"))
+            values.append(_TensorMeta(a.shape, _TORCH_OF_NUMPY[a.dtype]))
         else:
             v = _attr_value(arg, attributes[arg.onnx_name])
             attrs[arg.onnx_name] = v
             values.append(bool(v) if arg.kind == "bool" else v)
     expected = None
     try:
-        expected = _fake_outputs(spec, values)
+        expected = _expected_outputs(proto, values)
         outs = []
-        for i, (r, want) in enumerate(zip(_call_impl(proto, list(feed), attrs), expected)):
-            _check_shape(proto, i, r.shape, tuple(want.shape))
+        for i, (r, (shape, _)) in enumerate(zip(_call_impl(proto, list(feed), attrs), expected)):
+            _check_shape(proto, i, r.shape, shape)
             outs.append(np.ascontiguousarray(r, dtype=dtype))
         return tuple(outs)
     except Exception as exc:  # noqa: BLE001 - it must not reach ortx's C++ kernel (that would abort)

@@ -100,3 +100,15 @@ def test_aten_fallback_benchmark_reports_overhead(tmp_path):
 def test_cuda_benchmark_without_a_gpu_says_so(tmp_path):
     out = run([str(ROOT / "benchmarks" / "bench_cuda.py"), "--json"], cwd=tmp_path)
     assert out.returncode == 1 and "bench_cuda: no CUDA GPU visible to torch" in out.stderr
+
+
+def test_prototype_benchmark_reports_prices(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_prototype.py"), "--sizes", "1", "4096", "--repeats", "3", "--json"],
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert [r["numel"] for r in result["rows"]] == [1, 4096]
+    for row in result["rows"]:
+        assert set(row["us"]) == {"torch prototype", "torch compiled", "ORT prototype", "ORT plain onnx_op",
+                                  "ORT compiled"}
+        assert row["torch_prototype_vs_compiled"] > 0 and row["ort_prototype_vs_compiled"] > 0
