@@ -2,7 +2,9 @@
 
 Each custom ONNX domain is served by one ORT library (ONNX Runtime allows one per
 domain and SessionOptions). opforge's own: ``opforge`` -> ``libopforge_ort.so``,
-``org.pytorch.aten`` -> ``libopforge_aten.so``. Other packages add theirs with
+``org.pytorch.aten`` -> ``libopforge_aten.so``; onnxruntime-extensions' library serves
+``ai.onnx.contrib`` (its own ops and Python ops) and the domains of opforge's prototype ops
+(:func:`opforge.register_prototype`), registered once per session however many of them a model uses. Other packages add theirs with
 :func:`register_ort_library`, or declare them as an entry point (found without
 importing the package)::
 
