@@ -30,8 +30,8 @@ The price is per call: see ``benchmarks/bench_prototype.py``.
 
 Errors in ONNX Runtime. onnxruntime-extensions 0.15 lets an exception raised by a Python op
 escape its C++ kernel, which terminates the process. opforge's ops never raise there: an
-error (bad input, or ``impl`` failing) is kept, the outputs of that call are NaN (0 for
-integers), and the session that :func:`opforge.ort_session` returns (a
+error is kept, the outputs of that call are empty (the fake impl rejected the input) or NaN
+(0 for integers; ``impl`` failed), and the session that :func:`opforge.ort_session` returns (a
 :class:`PrototypeSession`) raises it from ``run``; a plain ``onnxruntime.InferenceSession``
 gets a :class:`PrototypeKernelWarning` naming the op and the error instead.
 """
@@ -227,6 +227,8 @@ def _torch_kernel(proto: Prototype):
             _check_shape(proto, i, r.shape, shape)
             if r.dtype == object:
                 raise RuntimeError(f"{spec.torch_qualname}: the prototype implementation returned an object array")
+            if any(np.may_share_memory(r, a) for a in arrays):
+                r = r.copy()  # a custom op's output must not alias its inputs (impl returned a view of one)
             outs.append(torch.from_numpy(np.ascontiguousarray(r)).to(device=device, dtype=dtype))
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -226,3 +226,89 @@ def test_aten_library_works_in_a_process_without_torch_imported(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ---- the reference documents' ATen flow: g.at(...) with typed scalar attributes ---------------
+
+
+class _SquareTwice(torch.autograd.Function):
+    """x*x + x**2 in torch; its symbolic writes two ATen nodes by hand, as the reference documents do:
+    no overload_name, the scalar as a typed attribute (exponent_f=2.0)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * x + x.pow(2.0)
+
+    @staticmethod
+    def symbolic(g, x):
+        return g.op("Add", g.at("mul", x, x), g.at("pow", x, exponent_f=2.0))
+
+
+class _GatModel(torch.nn.Module):
+    def forward(self, x):
+        return _SquareTwice.apply(x) - 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("how", ["plain-torch.onnx.export", "opforge.export"])
+def test_hand_written_g_at_nodes_run_through_libopforge_aten(how, dtype):
+    model = _GatModel()
+    x = torch.randn(2, 3, dtype=dtype)
+    kw = dict(dynamo=False, opset_version=17, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    if how == "opforge.export":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", aten_fallback.AtenFallbackWarning)
+            proto = opforge.export(model, (x,), aten_fallback=True, **kw)
+        overloads = {onnx.helper.get_attribute_value(a).decode() for n in proto.graph.node if n.op_type == "ATen"
+                     for a in n.attribute if a.name == "overload_name"}
+        assert overloads == {"Tensor", "Tensor_Scalar"}  # mul.Tensor, pow.Tensor_Scalar: resolved as dispatched
+    else:
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (x,), f, operator_export_type=torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK, **kw)
+        proto = onnx.load_from_string(f.getvalue())
+        pow_node = next(n for n in proto.graph.node if n.op_type == "ATen" and any(a.s == b"pow" for a in n.attribute))
+        assert {a.name for a in pow_node.attribute} == {"operator", "overload_name", "exponent"}  # as torch wrote it
+    x5 = torch.linspace(-3, 3, 15, dtype=dtype).reshape(5, 3)
+    (got,) = opforge.ort_session(proto).run(None, {"x": x5.numpy()})
+    assert got.dtype == x5.numpy().dtype
+    np.testing.assert_allclose(got, (2 * x5 * x5 - 1).numpy(), rtol=1e-6)
+
+
+def _aten_node(operator, inputs, **attrs):
+    return onnx.helper.make_node("ATen", inputs, ["y"], domain=aten_fallback.ATEN_DOMAIN, operator=operator,
+                                 overload_name="", **attrs)
+
+
+@pytest.mark.parametrize("operator, inputs, attrs, consts, expected", [
+    ("mul", ["x", "x"], {}, set(), "mul.Tensor"),                     # aten::mul.default takes two Scalars
+    ("pow", ["x"], {"exponent": 2.0}, set(), "pow.Tensor_Scalar"),
+    ("pow", ["x", "e"], {}, set(), "pow.Tensor_Tensor"),               # a computed exponent is a tensor
+    ("add", ["x", "y"], {"alpha": 2.0}, set(), "add.Tensor"),          # a keyword-only scalar by name
+    ("cumsum", ["x"], {"dim": 1}, set(), "cumsum.default"),            # int attribute, dtype left to its default
+    ("searchsorted", ["s", "v"], {}, set(), "searchsorted.Tensor"),
+    ("searchsorted", ["s", "c"], {}, {"c"}, "searchsorted.Tensor"),    # Tensor comes first for a constant
+])
+def test_overloads_are_resolved_from_the_arguments(operator, inputs, attrs, consts, expected):
+    op, plan = aten_fallback._bind_overload(_aten_node(operator, inputs, **attrs), consts)
+    assert f"{op._schema.name.split('::')[1]}.{op._overloadname}" == expected
+    assert [p[1] for p in plan if p[0] == "value"] == list(attrs.values())
+
+
+def test_an_unbindable_g_at_node_names_the_overloads():
+    with pytest.raises(ValueError, match=r"no overload of aten::pow takes inputs \['x'\], bogus=1.0 \(non-out overloads"):
+        aten_fallback._bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
+
+
+def test_g_at_with_int_and_keyword_scalar_attributes_runs():
+    nodes = [_aten_node("cumsum", ["x"], dim=1)]
+    nodes[0].output[0] = "c"
+    nodes.append(_aten_node("add", ["c", "x"], alpha=0.5))
+    graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                   [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                         onnx.helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+    x = torch.randn(2, 3)
+    (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(got, (torch.cumsum(x, 1) + 0.5 * x).numpy(), rtol=1e-6)

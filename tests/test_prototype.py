@@ -368,3 +368,12 @@ def test_import_makes_the_torch_op_and_info_shows_it(prototype_package):
     line = next(l for l in info.stdout.splitlines() if "com.example.protopkg::swish" in l)
     assert "prototype: numpy kernel" in line and "torch.ops.opf_proto_pkg.swish" in line
     assert "com.example.protopkg: " in info.stdout and "_extensions_pydll" in info.stdout
+
+
+def test_a_kernel_returning_its_input_does_not_make_the_op_alias_it():
+    spec = _failing_spec("identity", lambda x: x)
+    x = torch.randn(4)
+    y = torch.ops.opf_proto_t.identity(x)
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+    torch.library.opcheck(torch.ops.opf_proto_t.identity.default, (x,))  # no aliasing between output and input
+    del spec

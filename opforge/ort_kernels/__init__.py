@@ -225,6 +225,27 @@ def _load_model(model) -> tuple[Union[str, bytes], onnx.ModelProto]:
     return path, onnx.load(path, load_external_data=False)
 
 
+def _prepare_aten(data, proto: onnx.ModelProto):
+    """ATen nodes as any exporter writes them (plain ``torch.onnx.export`` with ONNX_ATEN_FALLBACK,
+    ``g.at(...)`` symbolics with typed scalar attributes and no overload name) made runnable:
+    overloads resolved, outputs typed (ONNX Runtime cannot infer them). The model is left as it is
+    when it needs nothing."""
+    from ..symbolics import aten_fallback
+
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(proto)
+    try:
+        prepared, _ = aten_fallback.prepare(prepared)
+    except ValueError:
+        if aten_fallback.has_scalar_attrs(proto):
+            raise  # only opforge can read these nodes: its error says what does not bind
+        return data, proto  # libopforge_aten names what is wrong (unknown operator, ...), as without opforge
+    serialized = prepared.SerializeToString()
+    if serialized == proto.SerializeToString():
+        return data, proto
+    return serialized, prepared
+
+
 def _graph_nodes(graph: onnx.GraphProto):
     for node in graph.node:
         yield node
@@ -332,6 +353,8 @@ def ort_session(
         so.intra_op_num_threads = intra_op_num_threads
     data, proto = _load_model(model)
     needed = custom_ops(proto)
+    if ATEN_DOMAIN in needed:
+        data, proto = _prepare_aten(data, proto)
     domains = list(needed) if register_libraries else []
     if register_aten and ATEN_DOMAIN not in domains:
         domains.append(ATEN_DOMAIN)

@@ -222,6 +222,128 @@ def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes) -> None:
         g.value_info.extend(kept)
 
 
+_NODE_ATTRS = ("operator", "overload_name")
+
+
+def _scalar_attrs(node: onnx.NodeProto) -> dict:
+    """Non-tensor arguments given as typed node attributes: the encoding of the TorchScript
+    exporter's ``g.at("pow", x, exponent_f=2.0)`` (the reference documents' ATen flow), where
+    opforge's own encoding passes them as constant inputs."""
+    out = {}
+    for a in node.attribute:
+        if a.name in _NODE_ATTRS:
+            continue
+        value = helper.get_attribute_value(a)
+        out[a.name] = value.decode() if isinstance(value, bytes) else (list(value) if isinstance(value, list) else value)
+    return out
+
+
+def has_scalar_attrs(model: onnx.ModelProto) -> bool:
+    """Whether any ATen node of ``model`` carries typed scalar attributes (the ``g.at`` encoding)."""
+    return any(n.op_type == "ATen" and n.domain == ATEN_DOMAIN and _scalar_attrs(n) for n in model.graph.node)
+
+
+def _is_tensor_arg(arg: torch.Argument) -> bool:
+    t = arg.type
+    return isinstance(t, torch.TensorType) or (isinstance(t, torch.OptionalType)
+                                                and isinstance(t.getElementType(), torch.TensorType))
+
+
+def _fits(arg: torch.Argument, value: Any) -> bool:
+    """Whether a typed attribute value can be ``arg`` (as the dispatcher's schema matching would accept
+    the Python value): int for int/bool/Scalar, float for float/Scalar, ints for int[], a string for str."""
+    t = getattr(arg, "real_type", arg.type)
+    kind = t.getElementType().kind() if isinstance(t, torch.OptionalType) else t.kind()
+    if isinstance(value, list):
+        return kind == "ListType" and all(isinstance(v, int) for v in value)
+    if isinstance(value, str):
+        return kind == "StringType"
+    if isinstance(value, int):
+        return kind in ("IntType", "SymIntType", "NumberType", "FloatType") or (kind == "BoolType" and value in (0, 1))
+    if isinstance(value, float):
+        return kind in ("FloatType", "NumberType")
+    return False
+
+
+def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: set) -> Optional[list]:
+    """How the node's inputs (names) and typed attributes fill ``op``'s arguments, or None if they
+    cannot: [("input", k) | ("value", v) | ("default", arg)] in schema order. A tensor argument takes
+    any input; a non-tensor one takes an attribute of its name, or a constant input (opforge's
+    encoding), never a computed value; the rest must have defaults."""
+    plan, k, used = [], 0, set()
+    for arg in op._schema.arguments:
+        if arg.name in attrs:
+            if _is_tensor_arg(arg) or not _fits(arg, attrs[arg.name]):
+                return None
+            plan.append(("value", attrs[arg.name]))
+            used.add(arg.name)
+        elif k < len(inputs) and (_is_tensor_arg(arg) or inputs[k] in consts or inputs[k] in ("", NONE_INPUT)):
+            plan.append(("input", k))
+            k += 1
+        elif k >= len(inputs) and (arg.has_default_value() or isinstance(arg.type, torch.OptionalType)):
+            plan.append(("default", arg))
+        else:
+            return None
+    return plan if k == len(inputs) and used == set(attrs) else None
+
+
+def _bind_overload(node: onnx.NodeProto, consts: set) -> tuple[torch._ops.OpOverload, list]:
+    """The overload an ATen node means when it names none (``overload_name=""``), chosen the way the
+    dispatcher picks one for a call: the first overload -- ``default``, then ``Tensor``, then the
+    others in registration order; never ``out`` or in-place ones -- whose schema the node's inputs
+    (in order) and typed attributes (by name) fill, the rest taking defaults."""
+    operator, overload = _node_op(node)
+    name = operator.split("::")[-1]
+    attrs = _scalar_attrs(node)
+    inputs = list(node.input)
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        raise ValueError(f"opforge: aten::{name} is not an ATen operator in torch {torch.__version__}")
+    overloads = packet.overloads()
+    if overload:
+        names = [overload]
+    else:
+        names = [o for o in ("default", "Tensor") if o in overloads]
+        names += [o for o in overloads if o not in names and not o.endswith("out")]
+    for candidate in names:
+        op = getattr(packet, candidate, None)
+        if op is None or any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+            continue
+        plan = _bind(op, inputs, attrs, consts)
+        if plan is not None:
+            return op, plan
+    given = ", ".join([f"inputs {inputs}"] + [f"{k}={v!r}" for k, v in attrs.items()])
+    raise ValueError(f"opforge: no overload of aten::{name}{'.' + overload if overload else ''} takes {given} "
+                     f"(non-out overloads: {[o for o in overloads if not o.endswith('out')]})")
+
+
+def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: set) -> None:
+    """Names the overload of an ATen node that names none and rewrites typed scalar attributes
+    into opforge's encoding: constant inputs in schema order (defaults in between spelled out)."""
+    op, plan = _bind_overload(node, consts)
+    inputs = list(node.input)
+    while plan and plan[-1][0] == "default":  # trailing defaults: left out, as the runtime fills them
+        plan.pop()
+    new_inputs = []
+    for (kind, what), arg in zip(plan, op._schema.arguments):
+        if kind == "input":
+            new_inputs.append(inputs[what])
+            continue
+        value = what if kind == "value" else arg.default_value
+        if value is None:
+            new_inputs.append("")
+            continue
+        const = f"opforge_aten_{index}_{arg.name}"
+        if const not in {i.name for i in g.initializer}:  # (prepare may run twice on one model)
+            g.initializer.append(_constant_tensor(value, arg, const))
+        new_inputs.append(const)
+    kept = [a for a in node.attribute if a.name == "operator"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("overload_name", op._schema.overload_name)])
+    del node.input[:]
+    node.input.extend(new_inputs)
+
+
 def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """Normalises ATen nodes for ONNX Runtime (see module doc). Returns the model and the
     sorted list of ATen ops it contains (``["aten::cummax", ...]``)."""
@@ -240,7 +362,15 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     _unpack_sequence_outputs(g, aten_nodes)
     ops = set()
     need_none = False
-    for node in aten_nodes:
+    const_names = set(_constants(g))
+    for index, node in enumerate(aten_nodes):
+        if _scalar_attrs(node):
+            _resolve_node(g, node, index, const_names)
+        elif not _node_op(node)[1]:
+            try:
+                _resolve_node(g, node, index, const_names)
+            except ValueError:
+                pass  # computed values for scalar arguments (sizes from shapes): resolve()'s rule names it
         operator, overload = _node_op(node)
         resolved = resolve(operator, overload)._schema.overload_name
         if resolved != overload:  # make the ambiguous "" explicit for the runtime
@@ -296,7 +426,8 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 # ---- dynamo exporter: fallback translations ---------------------------------------------
 
 
-def _constant(op, value: Any, arg: torch.Argument):
+def _constant_tensor(value: Any, arg: torch.Argument, name: str = "v") -> TensorProto:
+    """A non-tensor argument value as the constant tensor libopforge_aten decodes (module doc)."""
     t = getattr(arg, "real_type", arg.type)  # .type shows ScalarType as int
     kind = t.getElementType().kind() if isinstance(t, torch.OptionalType) else t.kind()
     if kind == "ScalarTypeType" and not isinstance(value, torch.dtype):
@@ -304,20 +435,24 @@ def _constant(op, value: Any, arg: torch.Argument):
         value = _ONNX_TO_TORCH[int(value)]
     if isinstance(value, torch.dtype):
         code = {v: k for k, v in _SCALAR_TYPES.items()}[value]
-        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [], [code]))
+        return helper.make_tensor(name, TensorProto.INT64, [], [code])
     if isinstance(value, bool):
-        return op.Constant(value=helper.make_tensor("v", TensorProto.BOOL, [], [value]))
+        return helper.make_tensor(name, TensorProto.BOOL, [], [value])
     if isinstance(value, int) and kind != "FloatType":
-        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [], [value]))
+        return helper.make_tensor(name, TensorProto.INT64, [], [value])
     if isinstance(value, (int, float)):
-        return op.Constant(value=helper.make_tensor("v", TensorProto.DOUBLE, [], [float(value)]))
+        return helper.make_tensor(name, TensorProto.DOUBLE, [], [float(value)])
     if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-        return op.Constant(value=helper.make_tensor("v", TensorProto.INT64, [len(value)], list(value)))
+        return helper.make_tensor(name, TensorProto.INT64, [len(value)], list(value))
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
-        return op.Constant(value=helper.make_tensor("v", TensorProto.DOUBLE, [len(value)], [float(v) for v in value]))
+        return helper.make_tensor(name, TensorProto.DOUBLE, [len(value)], [float(v) for v in value])
     if isinstance(value, str):
-        return op.Constant(value=helper.make_tensor("v", TensorProto.STRING, [], [value.encode()]))
+        return helper.make_tensor(name, TensorProto.STRING, [], [value.encode()])
     raise TypeError(f"opforge: cannot encode argument {arg.name}={value!r} of type {arg.type} as an ATen node input")
+
+
+def _constant(op, value: Any, arg: torch.Argument):
+    return op.Constant(value=_constant_tensor(value, arg))
 
 
 def fallback_translation(target: torch._ops.OpOverload) -> Callable:
