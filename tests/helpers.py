@@ -68,3 +68,19 @@ def run_in_ort(spec, values) -> torch.Tensor:
     tensors, _ = spec.split_args(list(values))
     feeds = {a.onnx_name: v.contiguous().numpy() for a, v in zip(spec.tensor_args, tensors) if v is not None}
     return torch.from_numpy(sess.run(None, feeds)[0])
+
+
+def scratch_venv(base) -> str:
+    """A venv in ``base/venv`` (no pip of its own) that sees this venv's packages; returns its python.
+    Packages installed into it (`pip install -e`, via the parent's pip) stay out of this venv."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    purelib = sysconfig.get_paths()["purelib"]
+    # addsitedir (not a plain path line): the main venv's .pth files (editable opforge) apply too
+    (site / "opforge_parent_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+    return str(venv / "bin" / "python")

@@ -8,11 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from helpers import scratch_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG, NAME, DOMAIN = "opf_example_ops", "swish", "com.example.ops"
@@ -32,13 +33,7 @@ def scaffold(tmp_path_factory):
     """(python of a scratch venv that sees this venv's packages, generated package dir), built."""
     base = tmp_path_factory.mktemp("new_op")
     assert ROOT not in base.parents
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next((venv / "lib").glob("python*/site-packages"))
-    purelib = sysconfig.get_paths()["purelib"]
-    # addsitedir (not a plain path line): the main venv's .pth files (editable opforge) apply too
-    (site / "opforge_parent_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
-    python = str(venv / "bin" / "python")
+    python = scratch_venv(base)
 
     pkg_dir = base / PKG
     gen = _run([python, "-m", "opforge", "new-op", NAME, "--package", PKG, "--domain", DOMAIN, "--dir", str(pkg_dir)],

@@ -3,13 +3,8 @@
 opforge.ort_session; a model mixing an ortx C++ op, an opforge C++ op, an ATen-fallback node and
 a prototype op in one session; errors inside ONNX Runtime reported, never a crash."""
 
-import os
 import subprocess
-import sys
-import sysconfig
-import textwrap
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,11 +14,11 @@ import torch
 from onnx import TensorProto, helper
 
 import opforge
-from opforge import prototype
 from opforge.symbolics import aten_fallback
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import scratch_venv
+
 NS, DOMAIN = "opf_proto_t", "com.example.proto"
 
 
@@ -319,12 +314,7 @@ def test_mixed_model_runs_in_one_ort_session_with_no_manual_registration(dynamo)
 @pytest.fixture(scope="module")
 def prototype_package(tmp_path_factory):
     base = tmp_path_factory.mktemp("proto_pkg")
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next((venv / "lib").glob("python*/site-packages"))
-    purelib = sysconfig.get_paths()["purelib"]
-    (site / "opforge_parent_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
-    python = str(venv / "bin" / "python")
+    python = scratch_venv(base)
     pkg_dir = base / "opf_proto_pkg"
     gen = subprocess.run([python, "-m", "opforge", "new-op", "swish", "--package", "opf_proto_pkg", "--domain",
                           "com.example.protopkg", "--prototype", "--dir", str(pkg_dir)],
