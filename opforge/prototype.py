@@ -69,7 +69,8 @@ _TORCH_OF_NUMPY = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): to
 
 class PrototypeKernelWarning(RuntimeWarning):
     """A prototype op failed inside a plain ``onnxruntime.InferenceSession``: its outputs for that
-    call are NaN. (``opforge.ort_session`` raises the error instead.)"""
+    call are empty (bad input) or NaN (its kernel failed). (``opforge.ort_session`` raises the error
+    instead.)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ PROTOTYPES: dict[str, Prototype] = {}
 #: id of an ortx Opdef of ours -> (prototype, numpy dtype of its tensors)
 _ORTX_KERNELS: dict[int, tuple[Prototype, np.dtype]] = {}
 _LIBRARIES: list = []  # torch.library.Library objects: their registrations live as long as they do
-_STATE = threading.local()  # .errors: errors of this thread's current run; .checked: inside a PrototypeSession
+_STATE = threading.local()  # .errors: the errors of this thread's current PrototypeSession run (else unset)
 _HOOK_LOCK = threading.Lock()
 _HOOK_INSTALLED = False
 
@@ -249,41 +250,45 @@ def _fail_outputs(proto: Prototype, expected: Optional[tuple], dtype: np.dtype) 
     return tuple(k_outputs)
 
 
-def _run_in_ort(proto: Prototype, dtype: np.dtype, feed: list, attributes: dict) -> tuple:
+def _run_in_ort(proto: Prototype, dtype: np.dtype, feed: list, read_attributes: Callable[[], dict]) -> tuple:
+    """One call of a prototype op from ONNX Runtime. Nothing may raise out of here: ortx's C++ kernel
+    would terminate the process (see the module doc)."""
     spec = proto.spec
-    inputs = iter(feed)
-    values, attrs = [], {}
-    for arg in spec.args:
-        if isinstance(arg, TensorArg):
-            a = next(inputs)
-            values.append(_TensorMeta(a.shape, _TORCH_OF_NUMPY[a.dtype]))
-        else:
-            v = _attr_value(arg, attributes[arg.onnx_name])
-            attrs[arg.onnx_name] = v
-            values.append(bool(v) if arg.kind == "bool" else v)
     expected = None
     try:
+        attributes = read_attributes()
+        inputs = iter(feed)
+        values, attrs = [], {}
+        for arg in spec.args:
+            if isinstance(arg, TensorArg):
+                a = next(inputs)
+                values.append(_TensorMeta(a.shape, _TORCH_OF_NUMPY[a.dtype]))
+            else:
+                v = _attr_value(arg, attributes[arg.onnx_name])
+                attrs[arg.onnx_name] = v
+                values.append(bool(v) if arg.kind == "bool" else v)
         expected = _expected_outputs(proto, values)
         outs = []
         for i, (r, (shape, _)) in enumerate(zip(_call_impl(proto, list(feed), attrs), expected)):
             _check_shape(proto, i, r.shape, shape)
             outs.append(np.ascontiguousarray(r, dtype=dtype))
         return tuple(outs)
-    except Exception as exc:  # noqa: BLE001 - it must not reach ortx's C++ kernel (that would abort)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
         errors = getattr(_STATE, "errors", None)
         if errors is not None:
             errors.append(exc)
         else:
             warnings.warn(f"{exc} -- in ONNX Runtime, where onnxruntime-extensions cannot return an error: the "
-                          "outputs of this call are NaN. Create the session with opforge.ort_session to get the "
-                          "error raised", PrototypeKernelWarning, stacklevel=2)
+                          "outputs of this call are empty (bad input) or NaN. Create the session with "
+                          "opforge.ort_session to get the error raised", PrototypeKernelWarning, stacklevel=2)
         return _fail_outputs(proto, expected, dtype)
 
 
 def _install_hook() -> None:
-    """Routes ortx's Python-op calls through ours: our ops get numpy arrays back without ortx's
-    per-element list conversion (16x faster at 1M elements) and never raise into C++; every other
-    ``onnx_op`` goes to ortx's own handler, unchanged."""
+    """Routes ortx's Python-op calls through ours: our ops hand their numpy arrays back as they are,
+    without ortx's conversion to Python lists (3 ms instead of 100 ms for 1M floats,
+    benchmarks/bench_prototype.py), and never raise into C++; every other ``onnx_op`` goes to
+    ortx's own handler, unchanged."""
     global _HOOK_INSTALLED
     with _HOOK_LOCK:
         if _HOOK_INSTALLED:
@@ -297,7 +302,7 @@ def _install_hook() -> None:
             if entry is None:
                 return ortx_handler(k_id, feed, attributes)
             proto, dtype = entry
-            outs = _run_in_ort(proto, dtype, list(feed), _ocos.Opdef._odlist[k_id].cast_attributes(attributes))
+            outs = _run_in_ort(proto, dtype, list(feed), lambda: _ocos.Opdef._odlist[k_id].cast_attributes(attributes))
             result = [k_id]
             for o in outs:
                 result += [o.shape, o]
