@@ -357,18 +357,24 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
     if declared and torch._C._dispatch_has_kernel_for_dispatch_key(spec.torch_qualname, "CPU"):
         raise OpRegistrationError(f"opforge.register_prototype: {spec.torch_qualname} has a CPU kernel already (a "
                                   "compiled one?); register it with opforge.register_op(spec, extension=_C)")
+    # The domain first: a clash with another library must fail before anything is registered with torch.
+    register_ort_library(spec.domain, ortx_library_path, provider="onnxruntime-extensions (prototype ops)")
     proto = Prototype(spec, impl)
-    if not declared:
-        lib = torch.library.Library(spec.namespace, "FRAGMENT")  # noqa: TOR901 (kept alive in _LIBRARIES)
-        lib.define(spec.schema)
-        _LIBRARIES.append(lib)
-    lib = torch.library.Library(spec.namespace, "IMPL")  # noqa: TOR901
-    kernel = _torch_kernel(proto)
-    lib.impl(spec.name, kernel, "CPU")
-    lib.impl(spec.name, kernel, "CUDA")  # host round trip: correct, not fast
-    _LIBRARIES.append(lib)
-    op = register_op(spec)
-    register_ort_library(spec.domain, ortx_library_path, provider=f"onnxruntime-extensions (prototype ops)")
+    libs = []
+    try:
+        if not declared:
+            libs.append(torch.library.Library(spec.namespace, "FRAGMENT"))  # noqa: TOR901 (kept in _LIBRARIES)
+            libs[-1].define(spec.schema)
+        libs.append(torch.library.Library(spec.namespace, "IMPL"))  # noqa: TOR901
+        kernel = _torch_kernel(proto)
+        libs[-1].impl(spec.name, kernel, "CPU")
+        libs[-1].impl(spec.name, kernel, "CUDA")  # host round trip: correct, not fast
+        op = register_op(spec)
+    except Exception:
+        for lib in reversed(libs):  # leave nothing half-registered: a corrected spec can be registered again
+            lib._destroy()
+        raise
+    _LIBRARIES.extend(libs)
     _install_hook()
     _register_ortx_kernels(proto)
     PROTOTYPES[spec.onnx_qualname] = proto

@@ -90,6 +90,23 @@ def _check_cuda(qualname: str, with_cuda: Optional[bool]) -> None:
     _LIBRARIES.append(lib)
 
 
+def _check_args(spec: OpSpec, op: torch._ops.OpOverload) -> None:
+    """spec.args must be the schema's arguments, in order: tensors as TensorArg, the rest as AttrArg
+    (every exporter rule and both runtimes' calls are built from spec.args)."""
+    from .spec import TensorArg
+
+    declared = [(a.name, isinstance(a.type, torch.TensorType) or (
+        isinstance(a.type, torch.OptionalType) and isinstance(a.type.getElementType(), torch.TensorType)))
+        for a in op._schema.arguments]
+    given = [(a.name, isinstance(a, TensorArg)) for a in spec.args]
+    if declared != given:
+        def show(args):
+            return ", ".join(f"{n} ({'tensor' if t else 'attribute'})" for n, t in args)
+        raise OpRegistrationError(f"opforge: {spec.torch_qualname}: spec.args [{show(given)}] do not match the "
+                                  f"schema's arguments [{show(declared)}]; list every schema argument in order, "
+                                  "tensors as TensorArg and the others as AttrArg")
+
+
 def register_op(spec: OpSpec, *, extension: Optional[ModuleType] = None) -> torch._ops.OpOverload:
     """Registers ``spec`` everywhere (see the module doc) and returns the torch op.
 
@@ -109,6 +126,7 @@ def register_op(spec: OpSpec, *, extension: Optional[ModuleType] = None) -> torc
             f"opforge: C++ schema of {spec.torch_qualname} is {declared!r} but the spec says {expected!r}; "
             "rebuild the extension (pip install --no-build-isolation -e .) or fix the spec"
         )
+    _check_args(spec, op)
     _spec.add(spec)  # first: a name clash must fail before anything is registered with torch
     try:
         torch.library.register_fake(spec.torch_qualname)(spec.fake)

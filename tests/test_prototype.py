@@ -367,3 +367,17 @@ def test_a_kernel_returning_its_input_does_not_make_the_op_alias_it():
     assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
     torch.library.opcheck(torch.ops.opf_proto_t.identity.default, (x,))  # no aliasing between output and input
     del spec
+
+
+def test_a_spec_not_matching_its_schema_is_refused_and_leaves_nothing_behind():
+    import dataclasses
+
+    good = opforge.OpSpec(name="retry", namespace="opf_proto_retry", domain="com.example.retry",
+                          schema="retry(Tensor x) -> Tensor", args=(opforge.TensorArg("x"),), outputs=("Y",), doc="",
+                          fake=lambda x: torch.empty_like(x), onnx_types=("tensor(float)",))
+    wrong = dataclasses.replace(good, schema="retry(Tensor x, int k) -> Tensor")
+    with pytest.raises(opforge.OpRegistrationError, match=r"spec.args \[x \(tensor\)\] do not match the schema's "
+                                                          r"arguments \[x \(tensor\), k \(attribute\)\]"):
+        opforge.register_prototype(wrong, impl=lambda x, **kw: x)
+    op = opforge.register_prototype(good, impl=lambda x: x + 1)  # the corrected spec registers cleanly
+    torch.testing.assert_close(op(torch.ones(2)), torch.full((2,), 2.0))
