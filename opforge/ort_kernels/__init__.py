@@ -4,9 +4,9 @@ Each custom ONNX domain is served by one ORT library (ONNX Runtime allows one pe
 domain and SessionOptions). opforge's own: ``opforge`` -> ``libopforge_ort.so``,
 ``org.pytorch.aten`` -> ``libopforge_aten.so``; onnxruntime-extensions' library serves
 ``ai.onnx.contrib`` (its own ops and Python ops) and the domains of opforge's prototype ops
-(:func:`opforge.register_prototype`), registered once per session however many of them a model uses. Other packages add theirs with
-:func:`register_ort_library`, or declare them as an entry point (found without
-importing the package)::
+(:func:`opforge.register_prototype`), registered once per session however many of them a
+model uses. Other packages add theirs with :func:`register_ort_library`, or declare them as
+an entry point (found without importing the package)::
 
     [project.entry-points."opforge.ort_libraries"]
     "com.example" = "my_ops._ort:library_path"     # a function returning the path
@@ -232,6 +232,8 @@ def _prepare_aten(data, proto: onnx.ModelProto):
     when it needs nothing."""
     from ..symbolics import aten_fallback
 
+    if isinstance(data, str) and any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer):
+        return data, proto  # rewritten bytes would lose the path its external data is relative to
     prepared = onnx.ModelProto()
     prepared.CopyFrom(proto)
     try:
@@ -343,6 +345,11 @@ def ort_session(
     the ops and what to register, instead of ORT's bare "not a registered function/op".
     ``register_opforge`` is the older name of ``register_libraries``; ``register_aten=True``
     also registers libopforge_aten when the model has no ATen node.
+
+    ATen nodes are prepared as :func:`opforge.export` prepares them (overloads named, outputs
+    typed), so models from plain ``torch.onnx.export(..., ONNX_ATEN_FALLBACK)`` run too. A model
+    with prototype ops gets a ``PrototypeSession`` (an ``InferenceSession``) whose ``run`` raises
+    their errors, which onnxruntime-extensions cannot report itself.
     """
     import onnxruntime as ort
 
