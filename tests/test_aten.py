@@ -312,3 +312,16 @@ def test_g_at_with_int_and_keyword_scalar_attributes_runs():
     x = torch.randn(2, 3)
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_allclose(got, (torch.cumsum(x, 1) + 0.5 * x).numpy(), rtol=1e-6)
+
+
+def test_g_at_with_a_bool_argument_given_as_an_int_attribute():
+    node = _aten_node("cumsum", ["x"], dim=0)  # then a bool one: any(x, dim, keepdim)
+    node.output[0] = "c"
+    anynode = _aten_node("any", ["c"], dim=1, keepdim=1)
+    graph = onnx.helper.make_graph([node, anynode], "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                   [onnx.helper.make_tensor_value_info("y", TensorProto.BOOL, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                         onnx.helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+    x = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
+    (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
+    np.testing.assert_array_equal(got, torch.any(torch.cumsum(x, 0), 1, keepdim=True).numpy())

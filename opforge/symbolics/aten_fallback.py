@@ -436,6 +436,8 @@ def _constant_tensor(value: Any, arg: torch.Argument, name: str = "v") -> Tensor
     if isinstance(value, torch.dtype):
         code = {v: k for k, v in _SCALAR_TYPES.items()}[value]
         return helper.make_tensor(name, TensorProto.INT64, [], [code])
+    if kind == "BoolType" and isinstance(value, int):  # a g.at int attribute (ONNX has no bool attribute)
+        value = bool(value)
     if isinstance(value, bool):
         return helper.make_tensor(name, TensorProto.BOOL, [], [value])
     if isinstance(value, int) and kind != "FloatType":
