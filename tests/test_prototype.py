@@ -381,3 +381,14 @@ def test_a_spec_not_matching_its_schema_is_refused_and_leaves_nothing_behind():
         opforge.register_prototype(wrong, impl=lambda x, **kw: x)
     op = opforge.register_prototype(good, impl=lambda x: x + 1)  # the corrected spec registers cleanly
     torch.testing.assert_close(op(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_import_opforge_does_not_import_onnxruntime_extensions():
+    import subprocess
+    import sys
+
+    code = ("import sys, opforge; assert 'onnxruntime_extensions' not in sys.modules; "
+            "print(opforge.ort_library_path('ai.onnx.contrib'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith(".so") and "_extensions_pydll" in out.stdout
