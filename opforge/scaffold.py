@@ -5,7 +5,9 @@ complete in every piece (compute core, torch CPU/CUDA kernels, ORT CPU/CUDA-EP k
 spec with fake impl, autograd, numpy reference and standard-ONNX lowering, tests on
 :mod:`opforge.testing`, README), so users start by editing working code. The templates
 live in ``opforge/templates/new_op`` (``__PKG__``/``__NAME__`` in paths and ``{{PKG}}``,
-``{{NAME}}``, ``{{DOMAIN}}`` ... in text are replaced).
+``{{NAME}}``, ``{{DOMAIN}}`` ... in text are replaced). ``--prototype`` writes the same op as a
+pure-Python package instead (``opforge/templates/new_op_prototype``: spec + numpy kernel,
+:func:`opforge.register_prototype`).
 """
 
 from __future__ import annotations
