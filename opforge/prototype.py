@@ -48,7 +48,7 @@ import torch
 
 from . import spec as _spec
 from .ort_kernels import ORTX_DOMAIN, ORTX_PIN, ortx_library_path, ortx_version
-from .registration import OpInputError, OpRegistrationError, register_op
+from .registration import OpInputError, OpRegistrationError, register_op, torch_op
 from .spec import AttrArg, OpSpec, TensorArg
 
 #: ONNX element types an ortx Python op can take and return. 0.15 refuses float16 outputs
@@ -345,7 +345,7 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
         raise TypeError(f"opforge.register_prototype({spec.torch_qualname}): give impl= (or a spec.reference)")
     known = PROTOTYPES.get(spec.onnx_qualname)
     if known is not None and known.spec is spec:
-        return getattr(getattr(torch.ops, spec.namespace), spec.name).default
+        return torch_op(spec)
     if spec.onnx_qualname in _spec.REGISTRY:
         raise OpRegistrationError(f"opforge.register_prototype: {spec.onnx_qualname} is registered already "
                                   "(as a compiled op, or by another spec)")
@@ -383,9 +383,9 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
 
 def _op_declared(spec: OpSpec) -> bool:
     try:
-        getattr(getattr(torch.ops, spec.namespace), spec.name).default
+        torch_op(spec)
         return True
-    except (AttributeError, RuntimeError):
+    except OpRegistrationError:
         return False
 
 

@@ -392,3 +392,12 @@ def test_import_opforge_does_not_import_onnxruntime_extensions():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith(".so") and "_extensions_pydll" in out.stdout
+
+
+def test_empty_inputs_give_empty_outputs_in_both_runtimes():
+    a, b = torch.zeros(0, 3), torch.zeros(3)
+    y, positive = poly(a, b, 1.0, 2, False)
+    assert y.shape == positive.shape == (0, 3)
+    session = opforge.ort_session(single_node_model(POLY, [a, b, 1.0, 2, False]))
+    outs = session.run(None, {"A": a.numpy(), "B": b.numpy()})
+    assert [o.shape for o in outs] == [(0, 3), (0, 3)]

@@ -243,7 +243,7 @@ def _prepare_aten(data, proto: onnx.ModelProto):
             raise  # only opforge can read these nodes: its error says what does not bind
         return data, proto  # libopforge_aten names what is wrong (unknown operator, ...), as without opforge
     serialized = prepared.SerializeToString()
-    if serialized == proto.SerializeToString():
+    if serialized == (data if isinstance(data, bytes) else proto.SerializeToString()):
         return data, proto
     return serialized, prepared
 
