@@ -1,0 +1,721 @@
+"""A TorchScript symbolic for any ATen op the dynamo exporter can translate.
+
+The TorchScript exporter (``dynamo=False``) has no rule for many ATen ops that the dynamo
+exporter handles (through torchlib's onnxscript functions or through torch's decompositions).
+For those, :func:`symbolic` derives a rule from the dynamo side at export time:
+
+1. From the TorchScript node: its exact overload (``node.schema()``), its tensor inputs (dtype
+   and shape, dynamic dims included) and its constant arguments.
+2. The op alone, with those inputs, goes through the dynamo exporter's own pipeline
+   (``torch.export`` -> torch's decompositions -> torchlib), giving an opset-18 ONNX graph.
+   Functions are inlined. The result is cached per signature.
+3. That graph is brought to the target opset node by node (:func:`_downgrade`): unchanged where
+   the op's schema is the same, converted where the form changed (``axes`` inputs back to
+   attributes, ``CastLike`` to ``Cast``, ...), refused with the ONNX op and opset named where
+   ONNX cannot express it at that opset.
+4. Its nodes are written into the TorchScript graph with ``g.op``.
+
+Nothing here runs unless a bridged op is exported: torchlib's registry (about a second to
+build) is loaded on first use, so models that need no bridge export exactly as fast as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+
+_LOCK = threading.RLock()
+
+#: TorchScript scalar type names -> torch dtypes.
+_DTYPES = {
+    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
+    "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,
+    "Byte": torch.uint8, "Bool": torch.bool,
+}
+_ONNX_TYPE_STR = {
+    onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
+    onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.BFLOAT16: "tensor(bfloat16)",
+    onnx.TensorProto.INT64: "tensor(int64)", onnx.TensorProto.INT32: "tensor(int32)",
+    onnx.TensorProto.INT16: "tensor(int16)", onnx.TensorProto.INT8: "tensor(int8)",
+    onnx.TensorProto.UINT8: "tensor(uint8)", onnx.TensorProto.BOOL: "tensor(bool)",
+}
+#: The opset torchlib writes; the graph from step 2 uses these schemas.
+SOURCE_OPSET = 18
+#: Size given to a dynamic dim when the op is traced (not 0 or 1: torch.export specialises those).
+_DYNAMIC_DIM_HINT = 5
+
+
+class BridgeError(RuntimeError):
+    """The bridge cannot export this call; the message names the op and the reason."""
+
+
+# --------------------------------------------------------------------------------------------
+# Step 1: the call, from the TorchScript node
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    dtype: torch.dtype
+    shape: tuple  # ints, None for a dynamic dim
+
+    def example(self, hint: int = 5) -> torch.Tensor:
+        shape = [d if d is not None else hint for d in self.shape]
+        if self.dtype == torch.bool:
+            return torch.zeros(shape, dtype=torch.bool)
+        return torch.ones(shape, dtype=self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One ATen call: the overload, and per schema argument a TensorInfo, a tuple of them
+    (Tensor[]), or a constant."""
+
+    overload: str  # "aten::logcumsumexp" or "aten::xlogy.Scalar_Self"
+    args: tuple
+    keyword: tuple = ()  # names of the keyword-only arguments, in order, at the end of args
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        name, _, overload = self.overload.partition(".")
+        packet = getattr(torch.ops.aten, name.split("::")[1])
+        return getattr(packet, overload or "default")
+
+
+def _is_tensor_type(t) -> bool:
+    if t.kind() == "OptionalType":
+        t = t.getElementType()
+    return t.kind() == "TensorType"
+
+
+def _is_tensor_list_type(t) -> bool:
+    return t.kind() == "ListType" and t.getElementType().kind() in ("TensorType", "OptionalType")
+
+
+def _tensor_info(value, op: str, arg: str) -> TensorInfo:
+    t = value.type()
+    if t.kind() != "TensorType" or t.scalarType() is None:
+        raise BridgeError(f"{op}: the dtype of argument '{arg}' is unknown in the traced graph; "
+                          "opforge's bridge needs typed inputs (export with example inputs of the real dtype)")
+    sizes = t.varyingSizes()
+    if sizes is None:
+        raise BridgeError(f"{op}: the rank of argument '{arg}' is unknown in the traced graph")
+    if t.scalarType() not in _DTYPES:
+        raise BridgeError(f"{op}: argument '{arg}' has dtype {t.scalarType()}, which the bridge does not handle")
+    return TensorInfo(_DTYPES[t.scalarType()], tuple(sizes))
+
+
+def _constant(value, arg_type, op: str, arg: str):
+    from torch.onnx import symbolic_helper
+
+    if symbolic_helper._is_none(value):
+        return None
+    node = value.node()
+    kind = node.kind()
+    if kind == "prim::ListConstruct":
+        elem = arg_type.getElementType() if arg_type.kind() == "ListType" else arg_type
+        return tuple(_constant(v, elem, op, arg) for v in node.inputs())
+    if kind == "onnx::Constant":
+        python = node.t("value").tolist()
+    elif kind == "prim::Constant":
+        python = value.toIValue()
+        if isinstance(python, torch.Tensor):
+            python = python.tolist()
+    else:
+        raise BridgeError(f"{op}: argument '{arg}' is computed in the graph (from {kind}); opforge's bridge "
+                          "needs it as a constant (a Python number, not a tensor value)")
+    type_str = str(arg_type).rstrip("?")
+    if isinstance(python, list) and not type_str.endswith("[]") and type_str.find("[") < 0:
+        python = python[0] if len(python) == 1 else python
+    if type_str in ("int", "SymInt") and isinstance(python, (int, float, bool)):
+        return int(python)
+    if type_str == "float" and isinstance(python, (int, float)):
+        return float(python)
+    if type_str == "bool" and isinstance(python, (int, bool)):
+        return bool(python)
+    if isinstance(python, list):
+        return tuple(python)
+    return python
+
+
+def _is_constant(value) -> bool:
+    from torch.onnx import symbolic_helper
+
+    kind = value.node().kind()
+    if kind == "prim::ListConstruct":
+        return all(_is_constant(v) for v in value.node().inputs())
+    return kind in ("onnx::Constant", "prim::Constant") or symbolic_helper._is_none(value)
+
+
+def _overloads(kind: str, original_schema: str) -> list:
+    """Candidate schemas for a node, best first: the one the tracer recorded when it is known;
+    else the way the dispatcher orders them (default, Tensor, the rest), never out= or in-place."""
+    if original_schema != "(no schema)":
+        return [torch._C.parse_schema(original_schema)]
+    schemas = [s for s in torch._C._jit_get_schemas_for_operator(kind)
+               if not s.overload_name.endswith("out") and not any(
+                   a.alias_info is not None and a.alias_info.is_write for a in s.arguments)]
+    rank = {"": 0, "Tensor": 1}
+    return sorted(schemas, key=lambda s: rank.get(s.overload_name, 2))
+
+
+def _binds(schema, values) -> bool:
+    from torch.onnx import symbolic_helper
+
+    if len(schema.arguments) != len(values):
+        return False
+    for a, v in zip(schema.arguments, values):
+        if _is_tensor_type(a.type):
+            if symbolic_helper._is_none(v) and a.type.kind() != "OptionalType":
+                return False
+        elif _is_tensor_list_type(a.type):
+            if v.node().kind() != "prim::ListConstruct":
+                return False
+        elif not _is_constant(v):
+            return False
+    return True
+
+
+def call_of(node, values: Sequence) -> Call:
+    """The Call a TorchScript ``aten::`` node makes; ``values`` are its inputs as the symbolic
+    receives them (in the graph being built)."""
+    from torch.onnx import symbolic_helper
+
+    kind = node.kind()
+    candidates = _overloads(kind, node.schema())
+    # A constant can be a Tensor argument too (a Python number traced into a 0-d tensor); the
+    # overload that takes the most constants as numbers is the one the call meant.
+    fitting = [s for s in candidates if _binds(s, values)]
+    parsed = min(fitting, key=lambda s: sum(
+        1 for a, v in zip(s.arguments, values) if _is_tensor_type(a.type) and _is_constant(v)), default=None)
+    if parsed is None:
+        raise BridgeError(f"{kind}: no overload takes these inputs as constants where it needs numbers "
+                          "(an argument computed at run time where the op needs a Python number?)")
+    op = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
+    args = []
+    for value, a in zip(values, parsed.arguments):
+        if _is_tensor_type(a.type):
+            args.append(None if symbolic_helper._is_none(value) else _tensor_info(value, op, a.name))
+        elif _is_tensor_list_type(a.type):
+            items = symbolic_helper._unpack_list(value)
+            args.append(tuple(_tensor_info(v, op, a.name) for v in items))
+        else:
+            args.append(_constant(value, a.type, op, a.name))
+    return Call(op, tuple(args), tuple(a.name for a in parsed.arguments if a.kwarg_only))
+
+
+def tensor_inputs(call: Call, values: Sequence) -> list:
+    """The call's tensor Values, in the order :func:`translate` numbers its graph inputs."""
+    from torch.onnx import symbolic_helper
+
+    out = []
+    for a, value in zip(call.args, values):
+        if isinstance(a, TensorInfo):
+            out.append(value)
+        elif isinstance(a, tuple) and a and isinstance(a[0], TensorInfo):
+            out.extend(symbolic_helper._unpack_list(value))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Step 2: the dynamo exporter's translation of the call
+
+
+@functools.lru_cache(maxsize=1)
+def torchlib_registry():
+    """torchlib's registry (what ``dynamo=True`` translates with); built once, on first use."""
+    from torch.onnx._internal.exporter import _registration
+
+    with _LOCK:
+        return _registration.ONNXRegistry.from_torchlib()
+
+
+class _CallModule(torch.nn.Module):
+    """``forward(*tensors)`` makes the Call, with its constants baked in."""
+
+    def __init__(self, call: Call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args = []
+        for a in self.call.args:
+            if isinstance(a, TensorInfo):
+                args.append(next(it))
+            elif isinstance(a, tuple) and a and isinstance(a[0], TensorInfo):
+                args.append([next(it) for _ in a])
+            else:
+                args.append(list(a) if isinstance(a, tuple) else a)
+        n = len(args) - len(self.call.keyword)
+        return self.call.op(*args[:n], **dict(zip(self.call.keyword, args[n:])))
+
+
+def _flat_tensors(call: Call) -> list[TensorInfo]:
+    out = []
+    for a in call.args:
+        if isinstance(a, TensorInfo):
+            out.append(a)
+        elif isinstance(a, tuple) and a and isinstance(a[0], TensorInfo):
+            out.extend(a)
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def translate(call: Call) -> onnx.ModelProto:
+    """The dynamo exporter's ONNX graph for ``call`` (opset 18, functions inlined, shapes
+    inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot."""
+    from onnxscript import ir
+    from onnxscript import optimizer
+    from onnxscript.ir.passes import common as passes
+    from torch.onnx._internal.exporter import _core
+
+    infos = _flat_tensors(call)
+    dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in infos)
+    # A dynamic dim's traced size is not in the graph. Try a neutral size, then the static sizes
+    # of the other inputs (a dynamic dim must often match one of them, as in addr's vectors).
+    hints = [_DYNAMIC_DIM_HINT] + sorted({d for i in infos for d in i.shape if d not in (None, _DYNAMIC_DIM_HINT)})
+    if not any(dynamic):
+        hints = hints[:1]
+    with _LOCK, _quiet_exporter():
+        for attempt, hint in enumerate(hints):
+            examples = tuple(i.example(hint) for i in infos)
+            try:
+                program = torch.export.export(_CallModule(call), examples, dynamic_shapes=(dynamic,), strict=False)
+                model = _core.exported_program_to_ir(program, registry=torchlib_registry())
+                break
+            except Exception as exc:  # noqa: BLE001 - reported with the op's name below
+                if attempt == len(hints) - 1:
+                    raise BridgeError(f"{call.overload}: the dynamo exporter cannot translate it either "
+                                      f"({_first_line(exc)})") from exc
+        passes.InlinePass()(model)
+        passes.RemoveUnusedFunctionsPass()(model)
+        # Folding constants (as the dynamo exporter's optimize() does) turns computed axes and
+        # shapes into constants, which older opsets need as attributes.
+        optimizer.fold_constants(model)
+        optimizer.remove_unused_nodes(model)
+        proto = ir.serde.serialize_model(model)
+    if len(proto.graph.input) != len(infos):
+        raise BridgeError(f"{call.overload}: the translated graph has {len(proto.graph.input)} inputs, "
+                          f"expected {len(infos)}")
+    return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+
+
+class _quiet_exporter:
+    # The dynamo exporter logs a warning per node about module stacks our one-op module lacks.
+    def __enter__(self):
+        self.loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "torch.export")]
+        self.levels = [lg.level for lg in self.loggers]
+        for lg in self.loggers:
+            lg.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        for lg, level in zip(self.loggers, self.levels):
+            lg.setLevel(level)
+
+
+def _first_line(exc: BaseException) -> str:
+    while exc.__cause__ is not None and not str(exc).strip():
+        exc = exc.__cause__
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {text[0][:200]}" if text else type(root).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Step 3: down to the target opset
+
+
+@dataclasses.dataclass
+class Node:
+    """A node to emit: op type, input names ("" for an omitted optional), attributes as
+    Python values, output names."""
+
+    op_type: str
+    inputs: list
+    attrs: dict
+    outputs: list
+
+
+def _attr_value(a: onnx.AttributeProto):
+    if a.type == onnx.AttributeProto.GRAPH or a.type == onnx.AttributeProto.GRAPHS:
+        raise BridgeError("control flow (If/Loop/Scan with a subgraph)")
+    value = onnx.helper.get_attribute_value(a)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+class _Graph:
+    """The translated graph as plain Nodes, with its value types and constants known."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        g = proto.graph
+        self.inputs = [i.name for i in g.input]
+        self.outputs = [o.name for o in g.output]
+        self.types: dict[str, int] = {}
+        for vi in [*g.input, *g.value_info, *g.output]:
+            if vi.type.HasField("tensor_type"):
+                self.types[vi.name] = vi.type.tensor_type.elem_type
+        self.constants: dict[str, np.ndarray] = {}
+        self.nodes: list[Node] = []
+        for init in g.initializer:
+            arr = onnx.numpy_helper.to_array(init)
+            self.nodes.append(Node("Constant", [], {"value": arr}, [init.name]))
+            self.constants[init.name] = arr
+            self.types[init.name] = init.data_type
+        for n in g.node:
+            if n.domain not in ("", "ai.onnx"):
+                raise BridgeError(f"the translation uses {n.domain}::{n.op_type}, which is not standard ONNX")
+            attrs = {a.name: _attr_value(a) for a in n.attribute}
+            node = Node(n.op_type, list(n.input), attrs, list(n.output))
+            if n.op_type == "Constant":
+                node = Node("Constant", [], {"value": _constant_node_value(attrs)}, node.outputs)
+                self.constants[n.output[0]] = node.attrs["value"]
+                self.types[n.output[0]] = onnx.helper.np_dtype_to_tensor_dtype(node.attrs["value"].dtype)
+            self.nodes.append(node)
+
+
+def _constant_node_value(attrs: dict) -> np.ndarray:
+    # Constant's value_float/value_ints/... forms need opset 12: keep one form, a tensor.
+    (name, value), = attrs.items()
+    if name == "value":
+        return np.asarray(value)
+    dtype = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}.get(name)
+    if dtype is None:
+        raise BridgeError(f"a Constant with {name}")
+    return np.asarray(value, dtype=dtype)
+
+
+def _schema(op_type: str, opset: int) -> Optional[onnx.defs.OpSchema]:
+    try:
+        return onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _first_opset(op_type: str) -> Optional[int]:
+    for opset in range(1, onnx.defs.onnx_opset_version() + 1):
+        if _schema(op_type, opset) is not None:
+            return opset
+    return None
+
+
+def _type_allowed(schema: onnx.defs.OpSchema, index: int, elem_type: Optional[int], outputs=False) -> bool:
+    formals = schema.outputs if outputs else schema.inputs
+    if not formals:
+        return True
+    formal = formals[min(index, len(formals) - 1)]
+    if elem_type is None or elem_type not in _ONNX_TYPE_STR:
+        return True  # unknown here: ORT's own check still applies
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}.get(formal.type_str)
+    if allowed is None:  # a fixed type, e.g. tensor(int64)
+        return formal.type_str == _ONNX_TYPE_STR[elem_type]
+    return _ONNX_TYPE_STR[elem_type] in allowed
+
+
+class _Downgrade:
+    """Rewrites the opset-18 nodes for ``opset``; each rewrite keeps the values bit for bit."""
+
+    def __init__(self, graph: _Graph, opset: int, op_name: str):
+        self.g = graph
+        self.opset = opset
+        self.op_name = op_name
+        self.out: list[Node] = []
+        self.fresh = 0
+
+    def new_name(self) -> str:
+        self.fresh += 1
+        return f"__bridge_{self.fresh}"
+
+    def constant(self, arr: np.ndarray) -> str:
+        name = self.new_name()
+        self.g.constants[name] = arr
+        self.g.types[name] = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+        self.out.append(Node("Constant", [], {"value": arr}, [name]))
+        return name
+
+    def const_input(self, node: Node, index: int) -> Optional[np.ndarray]:
+        if index >= len(node.inputs) or not node.inputs[index]:
+            return None
+        name = node.inputs[index]
+        if name not in self.g.constants:
+            raise BridgeError(f"{node.op_type} at opset {self.opset} takes its input {index} as an attribute, "
+                              "and the translation computes it at run time")
+        return self.g.constants[name]
+
+    def refuse(self, node: Node, why: str):
+        raise BridgeError(f"{self.op_name} at opset {self.opset}: its ONNX translation uses {node.op_type}, "
+                          f"{why}")
+
+    def run(self) -> list[Node]:
+        for node in self.g.nodes:
+            self.convert(node)
+        return self.out
+
+    def convert(self, node: Node) -> None:
+        if node.op_type == "Constant":
+            self.out.append(node)
+            return
+        source = _schema(node.op_type, SOURCE_OPSET)
+        target = _schema(node.op_type, self.opset)
+        adapter = _ADAPTERS.get(node.op_type)
+        if adapter is not None and target is not None and source is not None \
+                and target.since_version != source.since_version and adapter(self, node, target):
+            return
+        if target is None:
+            adapter_for_missing = _MISSING_ADAPTERS.get(node.op_type)
+            if adapter_for_missing is not None and adapter_for_missing(self, node):
+                return
+            first = _first_opset(node.op_type)
+            self.refuse(node, f"which ONNX has from opset {first} on" if first else "which ONNX does not have")
+        if source is not None and target.since_version != source.since_version:
+            self.check_compatible(node, source, target)
+        self.out.append(node)
+
+    def check_compatible(self, node: Node, source, target) -> None:
+        # The op exists at the target opset in another version. Same form (inputs, attributes)
+        # and types the older version accepts -> same meaning (ONNX versions its ops when
+        # either changes); anything else is refused.
+        n_inputs = len([i for i in node.inputs])
+        max_inputs = sum(1 for f in target.inputs) if not any(
+            f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic for f in target.inputs) else 10**6
+        if n_inputs > max_inputs:
+            self.refuse(node, f"whose opset-{target.since_version} version takes at most {max_inputs} inputs")
+        for name in list(node.attrs):
+            if name not in target.attributes:
+                default = source.attributes[name].default_value if name in source.attributes else None
+                if default is not None and default.name and _attr_value(default) == node.attrs[name]:
+                    del node.attrs[name]  # the default, which is what the older version does
+                    continue
+                self.refuse(node, f"whose opset-{target.since_version} version has no attribute '{name}'")
+        for i, name in enumerate(node.inputs):
+            if name and not _type_allowed(target, i, self.g.types.get(name)):
+                elem = onnx.TensorProto.DataType.Name(self.g.types[name]).lower()
+                self.refuse(node, f"whose opset-{target.since_version} version does not take {elem}")
+        for i, name in enumerate(node.outputs):
+            if name and not _type_allowed(target, i, self.g.types.get(name), outputs=True):
+                elem = onnx.TensorProto.DataType.Name(self.g.types[name]).lower()
+                self.refuse(node, f"whose opset-{target.since_version} version does not give {elem}")
+
+
+def _axes_to_attribute(index: int, attr: str = "axes"):
+    """ReduceX (axes input since 13/18), Squeeze/Unsqueeze (13): a constant input back to the
+    attribute of the older version."""
+
+    def adapt(d: _Downgrade, node: Node, target) -> bool:
+        if attr in target.attributes and (len(target.inputs) <= index):
+            value = d.const_input(node, index)
+            attrs = dict(node.attrs)
+            if value is not None:
+                attrs[attr] = [int(v) for v in np.asarray(value).reshape(-1)]
+            elif attrs.get("noop_with_empty_axes"):
+                d.refuse(node, "with noop_with_empty_axes, which older versions lack")
+            attrs.pop("noop_with_empty_axes", None)
+            d.check_compatible(Node(node.op_type, node.inputs[:index], attrs, node.outputs),
+                               _schema(node.op_type, SOURCE_OPSET), target)
+            d.out.append(Node(node.op_type, node.inputs[:index], attrs, node.outputs))
+            return True
+        return False
+
+    return adapt
+
+
+def _split(d: _Downgrade, node: Node, target) -> bool:
+    if "num_outputs" in node.attrs:
+        d.refuse(node, "with num_outputs, which needs opset 18")
+    attrs = dict(node.attrs)
+    if "split" in target.attributes:  # opset < 13: sizes as an attribute
+        sizes = d.const_input(node, 1)
+        if sizes is not None:
+            attrs["split"] = [int(v) for v in sizes.reshape(-1)]
+        d.out.append(Node("Split", node.inputs[:1], attrs, node.outputs))
+        return True
+    d.out.append(node)
+    return True
+
+
+def _cast_like(d: _Downgrade, node: Node) -> bool:
+    # CastLike (opset 15) with a known target type is Cast.
+    to = d.g.types.get(node.inputs[1])
+    if to is None:
+        d.refuse(node, "whose target type is not known")
+    d.out.append(Node("Cast", node.inputs[:1], {"to": to}, node.outputs))
+    return True
+
+
+def _compare_or_equal(strict: str):
+    # GreaterOrEqual/LessOrEqual (opset 12): Or(Greater, Equal) is false for NaN, like them.
+    def adapt(d: _Downgrade, node: Node) -> bool:
+        a, b = d.new_name(), d.new_name()
+        d.out.append(Node(strict, node.inputs, {}, [a]))
+        d.out.append(Node("Equal", node.inputs, {}, [b]))
+        d.out.append(Node("Or", [a, b], {}, node.outputs))
+        return True
+
+    return adapt
+
+
+def _shape(d: _Downgrade, node: Node, target) -> bool:
+    # Shape's start/end (opset 15) -> Shape then Slice.
+    if not node.attrs:
+        d.out.append(node)
+        return True
+    full = d.new_name()
+    d.out.append(Node("Shape", node.inputs, {}, [full]))
+    start, end = node.attrs.get("start", 0), node.attrs.get("end", 2**62)
+    _emit_slice(d, full, [start], [end], [0], node.outputs)
+    return True
+
+
+def _emit_slice(d: _Downgrade, data: str, starts, ends, axes, outputs) -> None:
+    if d.opset >= 10:
+        inputs = [data] + [d.constant(np.asarray(v, dtype=np.int64)) for v in (starts, ends, axes)]
+        d.out.append(Node("Slice", inputs, {}, outputs))
+    else:
+        d.out.append(Node("Slice", [data], {"starts": starts, "ends": ends, "axes": axes}, outputs))
+
+
+def _slice(d: _Downgrade, node: Node, target) -> bool:
+    if d.opset >= 10:
+        return False  # the input form: compatible checks apply
+    starts, ends = d.const_input(node, 1), d.const_input(node, 2)
+    axes, steps = d.const_input(node, 3), d.const_input(node, 4)
+    if steps is not None and np.any(steps != 1):
+        d.refuse(node, "with steps, which needs opset 10")
+    axes = list(range(len(starts))) if axes is None else axes.tolist()
+    _emit_slice(d, node.inputs[0], starts.tolist(), ends.tolist(), axes, node.outputs)
+    return True
+
+
+def _pow(d: _Downgrade, node: Node, target) -> bool:
+    # Pow before opset 12 wants the exponent in the base's type: cast it (the exponents
+    # torchlib writes as int64 are small whole numbers, exact in any float type).
+    base, exponent = (d.g.types.get(n) for n in node.inputs[:2])
+    if base is None or exponent is None or base == exponent:
+        return False
+    cast = d.new_name()
+    d.out.append(Node("Cast", [node.inputs[1]], {"to": base}, [cast]))
+    d.g.types[cast] = base
+    fixed = Node("Pow", [node.inputs[0], cast], node.attrs, node.outputs)
+    d.check_compatible(fixed, _schema("Pow", SOURCE_OPSET), target)
+    d.out.append(fixed)
+    return True
+
+
+_REDUCE_18 = ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+_ADAPTERS: dict[str, Callable] = {
+    **{op: _axes_to_attribute(1) for op in _REDUCE_18},
+    "ReduceSum": _axes_to_attribute(1),
+    "Squeeze": _axes_to_attribute(1),
+    "Unsqueeze": _axes_to_attribute(1),
+    "Split": _split,
+    "Shape": _shape,
+    "Slice": _slice,
+    "Pow": _pow,
+}
+_MISSING_ADAPTERS: dict[str, Callable] = {
+    "CastLike": _cast_like,
+    "GreaterOrEqual": _compare_or_equal("Greater"),
+    "LessOrEqual": _compare_or_equal("Less"),
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def lowered(call: Call, opset: int) -> tuple:
+    """``(inputs, nodes, outputs)`` of ``call`` at ``opset``; BridgeError if ONNX cannot express it."""
+    graph = _Graph(translate(call))
+    try:
+        nodes = _Downgrade(graph, opset, call.overload).run()
+    except BridgeError as exc:
+        if str(exc).startswith(call.overload):
+            raise
+        raise BridgeError(f"{call.overload} at opset {opset}: {exc}") from None
+    return graph.inputs, nodes, graph.outputs
+
+
+# --------------------------------------------------------------------------------------------
+# Step 4: into the TorchScript graph
+
+
+def _g_attrs(attrs: dict) -> dict:
+    out = {}
+    for name, v in attrs.items():
+        if isinstance(v, np.ndarray):
+            out[f"{name}_t"] = torch.from_numpy(np.ascontiguousarray(v).copy())
+        elif isinstance(v, bool):
+            out[f"{name}_i"] = int(v)
+        elif isinstance(v, int):
+            out[f"{name}_i"] = v
+        elif isinstance(v, float):
+            out[f"{name}_f"] = v
+        elif isinstance(v, str):
+            out[f"{name}_s"] = v
+        elif isinstance(v, (list, tuple)):
+            if all(isinstance(x, int) for x in v):
+                out[f"{name}_i"] = list(v)
+            elif all(isinstance(x, (int, float)) for x in v):
+                out[f"{name}_f"] = [float(x) for x in v]
+            elif all(isinstance(x, str) for x in v):
+                out[f"{name}_s"] = list(v)
+            else:
+                raise BridgeError(f"attribute {name} of kind {type(v[0]).__name__} list")
+        else:
+            raise BridgeError(f"attribute {name} of kind {type(v).__name__}")
+    return out
+
+
+def emit(g, call: Call, values: Sequence) -> Any:
+    """Write ``call`` into ``g`` at ``g.opset`` with ``values`` as its tensor inputs."""
+    inputs, nodes, outputs = lowered(call, g.opset)
+    env = dict(zip(inputs, values))
+    for node in nodes:
+        args = [env[i] if i else None for i in node.inputs]
+        while args and args[-1] is None:
+            args.pop()
+        if any(a is None for a in args):
+            from torch.onnx import symbolic_helper
+
+            args = [a if a is not None else symbolic_helper._optional_input_placeholder_tensor(g) for a in args]
+        result = g.op(node.op_type, *args, outputs=len(node.outputs), **_g_attrs(node.attrs))
+        for name, v in zip(node.outputs, result if len(node.outputs) > 1 else (result,)):
+            env[name] = v
+    results = [env[o] for o in outputs]
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def symbolic(g, *args):
+    """The TorchScript symbolic of every bridged op (registered by :func:`register`)."""
+    node = g.original_node
+    try:
+        call = call_of(node, args)
+        return emit(g, call, tensor_inputs(call, args))
+    except BridgeError as exc:
+        from torch.onnx import errors
+
+        raise errors.SymbolicValueError(f"opforge's ATen bridge cannot export {node.kind()}: {exc}",
+                                        node.output()) from None
+
+
+def register(names: Sequence[str], opsets: Sequence[int], skip: Callable[[str, int], bool]) -> None:
+    """Registers :func:`symbolic` for ``aten::<name>`` at every opset where ``skip`` is false."""
+    for name in names:
+        for opset in opsets:
+            if not skip(name, opset):
+                torch.onnx.register_custom_op_symbolic(f"aten::{name}", symbolic, opset)
