@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -81,6 +82,10 @@ class Call:
     overload: str  # "aten::logcumsumexp" or "aten::xlogy.Scalar_Self"
     args: tuple
     keyword: tuple = ()  # names of the keyword-only arguments, in order, at the end of args
+
+    @property
+    def name(self) -> str:
+        return self.overload.split("::")[1].split(".")[0]
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -237,6 +242,79 @@ def torchlib_registry():
         return _registration.ONNXRegistry.from_torchlib()
 
 
+def _float_of(x: torch.Tensor) -> torch.Tensor:
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _signbit(x):
+    # -0.0 counts as negative: 1/-0.0 = -inf. (A NaN's sign bit cannot be read below ONNX
+    # opset 26, which has BitCast: NaN counts as positive.)
+    if not x.is_floating_point():
+        return x < 0
+    return (x < 0) | ((x == 0) & (1 / x < 0))
+
+
+def _heaviside(x, values):
+    # torchlib's translation gives 1 for NaN; torch gives 0.
+    return torch.where(x == 0, values.to(x.dtype), torch.where(x > 0, torch.ones_like(x), torch.zeros_like(x)))
+
+
+def _sgn(x):
+    # torchlib's translation (Sign) keeps NaN; torch.sgn gives 0.
+    if not x.is_floating_point():
+        return torch.sign(x)
+    return torch.where(torch.isnan(x), torch.zeros_like(x), torch.sign(x))
+
+
+def _fmax(a, b):
+    # dynamo has no translation (prims.fmax): the non-NaN operand wins.
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, torch.maximum(a, b)))
+
+
+def _fmin(a, b):
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, torch.minimum(a, b)))
+
+
+def _angle(x):
+    # torchlib's translation gives 0 for NaN; torch keeps NaN.
+    x = _float_of(x)
+    return torch.where(torch.isnan(x), x, torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x)))
+
+
+def _hypot(a, b):
+    # dynamo has no translation (prims.hypot). Scaled by the larger magnitude so that
+    # squaring neither overflows nor underflows; inf wins over NaN, as in C's hypot.
+    a, b = torch.abs(a), torch.abs(b)
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = torch.where(big == 0, torch.zeros_like(big), small / big)
+    out = big * torch.sqrt(1 + ratio * ratio)
+    return torch.where(torch.isinf(a) | torch.isinf(b), torch.full_like(out, math.inf), out)
+
+
+def _copysign(a, b):
+    # dynamo has no translation (prims.signbit).
+    if not isinstance(b, torch.Tensor):
+        b = torch.tensor(b)
+    a = _float_of(a) if not isinstance(a, torch.Tensor) or not a.is_floating_point() else a
+    dtype = torch.promote_types(a.dtype, b.dtype) if b.is_floating_point() else a.dtype
+    magnitude = torch.abs(a.to(dtype))
+    return torch.where(_signbit(b), -magnitude, magnitude)
+
+
+#: Compositions used instead of dynamo's translation where it is wrong or missing. Each is
+#: torch code that dynamo translates op by op; the round-trip tests hold them to torch's values.
+CURATED: dict[str, Callable] = {
+    "signbit": _signbit,
+    "heaviside": _heaviside,
+    "angle": _angle,
+    "hypot": _hypot,
+    "copysign": _copysign,
+    "sgn": _sgn,
+    "fmax": _fmax,
+    "fmin": _fmin,
+}
+
+
 class _CallModule(torch.nn.Module):
     """``forward(*tensors)`` makes the Call, with its constants baked in."""
 
@@ -255,7 +333,8 @@ class _CallModule(torch.nn.Module):
             else:
                 args.append(list(a) if isinstance(a, tuple) else a)
         n = len(args) - len(self.call.keyword)
-        return self.call.op(*args[:n], **dict(zip(self.call.keyword, args[n:])))
+        fn = CURATED.get(self.call.name, self.call.op)
+        return fn(*args[:n], **dict(zip(self.call.keyword, args[n:])))
 
 
 def _flat_tensors(call: Call) -> list[TensorInfo]:
@@ -289,8 +368,12 @@ def translate(call: Call) -> onnx.ModelProto:
             examples = tuple(i.example(hint) for i in infos)
             try:
                 program = torch.export.export(_CallModule(call), examples, dynamic_shapes=(dynamic,), strict=False)
+                if attempt == 0:
+                    _check_still_dynamic(call, program, dynamic)
                 model = _core.exported_program_to_ir(program, registry=torchlib_registry())
                 break
+            except BridgeError:
+                raise
             except Exception as exc:  # noqa: BLE001 - reported with the op's name below
                 if attempt == len(hints) - 1:
                     raise BridgeError(f"{call.overload}: the dynamo exporter cannot translate it either "
@@ -306,6 +389,19 @@ def translate(call: Call) -> onnx.ModelProto:
         raise BridgeError(f"{call.overload}: the translated graph has {len(proto.graph.input)} inputs, "
                           f"expected {len(infos)}")
     return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+
+
+def _check_still_dynamic(call: Call, program, dynamic) -> None:
+    # A dim that torch.export specialised to the neutral size would be baked into the graph
+    # as 5: wrong at run time. (Sizes taken from other inputs, tried later, are specialised
+    # because the op ties the dim to that input's static size: right.)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    for index, (node, dims) in enumerate(zip(placeholders, dynamic)):
+        val = node.meta.get("val")
+        for d in dims:
+            if val is not None and not isinstance(val.shape[d], torch.SymInt):
+                raise BridgeError(f"{call.overload}: dim {d} of tensor input {index} is dynamic in the graph, "
+                                  "but the op's translation needs it static; export it with a static size")
 
 
 class _quiet_exporter:
@@ -618,6 +714,20 @@ def _pow(d: _Downgrade, node: Node, target) -> bool:
     return True
 
 
+def _reshape(d: _Downgrade, node: Node, target) -> bool:
+    # torchlib writes allowzero=1 (opset 14). It only matters when the shape holds a 0: then
+    # allowzero=1 means "size 0", the old Reshape "copy the input's dim". A constant shape
+    # without 0 is the same either way; a computed one holds 0 only for an empty tensor, where
+    # TorchScript's own Reshape rules behave the same way as this.
+    shape = d.g.constants.get(node.inputs[1])
+    if node.attrs.get("allowzero") and shape is not None and (shape == 0).any():
+        d.refuse(node, "with allowzero=1 and a 0 in its shape, which needs opset 14")
+    fixed = Node("Reshape", node.inputs, {k: v for k, v in node.attrs.items() if k != "allowzero"}, node.outputs)
+    d.check_compatible(fixed, _schema("Reshape", SOURCE_OPSET), target)
+    d.out.append(fixed)
+    return True
+
+
 _REDUCE_18 = ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 _ADAPTERS: dict[str, Callable] = {
@@ -629,6 +739,7 @@ _ADAPTERS: dict[str, Callable] = {
     "Shape": _shape,
     "Slice": _slice,
     "Pow": _pow,
+    "Reshape": _reshape,
 }
 _MISSING_ADAPTERS: dict[str, Callable] = {
     "CastLike": _cast_like,
@@ -658,7 +769,7 @@ def _g_attrs(attrs: dict) -> dict:
     out = {}
     for name, v in attrs.items():
         if isinstance(v, np.ndarray):
-            out[f"{name}_t"] = torch.from_numpy(np.ascontiguousarray(v).copy())
+            out[f"{name}_t"] = torch.from_numpy(np.array(v, copy=True, order="C"))  # (ascontiguousarray makes 0-d 1-d)
         elif isinstance(v, bool):
             out[f"{name}_i"] = int(v)
         elif isinstance(v, int):

@@ -107,6 +107,26 @@ def register_all() -> None:
     for rule in RULES:
         for opset in rule.opsets:
             torch.onnx.register_custom_op_symbolic(f"aten::{rule.aten}", rule.symbolic, opset)
+    # Every other op with a sample gets the bridge where torch has no rule of its own (the
+    # bridge never shadows torch; it loads nothing until a bridged op is exported).
+    from . import aten_bridge, aten_samples
+
+    ruled = {r.aten for r in RULES}
+    aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS,
+                         skip=lambda name, opset: has_torch_rule(name, opset))
+
+
+def bridged(opset: int) -> list[str]:
+    """The ATen ops opforge's bridge is registered for at ``opset``."""
+    from . import aten_bridge
+
+    registry = _torch_registry()
+    out = []
+    for name in sorted(__import__("opforge.symbolics.aten_samples", fromlist=["SAMPLES"]).SAMPLES):
+        group = registry.get_function_group(f"aten::{name}")
+        if group is not None and group.get(opset) is aten_bridge.symbolic:
+            out.append(name)
+    return out
 
 
 def _torch_registry():
