@@ -107,15 +107,6 @@ def test_refusal_names_the_op_the_onnx_op_and_the_opset():
     assert "aten::logcumsumexp" in text and "CumSum" in text and "opset 11" in text and "opset 10" in text
 
 
-def test_dynamic_dim_the_translation_would_bake_is_refused():
-    # aten_bridge checks that torch.export kept every dynamic dim symbolic; a specialised one
-    # would bake the example size into the graph.
-    call = aten_bridge.Call("aten::expand", (aten_bridge.TensorInfo(torch.float32, (None, 1)), (5, 4), False),
-                            ("implicit",))
-    with pytest.raises(aten_bridge.BridgeError, match="dynamic in the graph"):
-        aten_bridge.translate(call)
-
-
 def test_models_without_bridged_ops_do_not_load_the_bridge():
     # The bridge's cost (torchlib's registry, torch.export) is paid only by models that use it.
     code = (
