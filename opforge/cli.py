@@ -218,7 +218,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     inc = sub.add_parser("include-paths", help="print the include directories for a package's kernels")
     inc.set_defaults(func=cmd_include_paths)
+
+    cov = sub.add_parser("coverage", help="which ATen ops each exporter handles per opset, with and without opforge",
+                         description="Measures, per opset, the user-facing ATen ops the dynamo exporter handles and "
+                         "how many of them the TorchScript exporter (dynamo=False) exports without and with opforge "
+                         "(each bridged op's sample is exported at every opset). Progress goes to stderr.")
+    cov.add_argument("--opsets", default="9-20", help="a range like 9-20 or a list like 11,17,20 (default: 9-20)")
+    cov.add_argument("--json", action="store_true", help="print the measurement as JSON")
+    cov.add_argument("--write-snapshot", action="store_true",
+                     help="also write the regression baseline (opforge/symbolics/aten_coverage.json)")
+    cov.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    cov.set_defaults(func=cmd_coverage)
     return parser
+
+
+def cmd_coverage(args) -> int:
+    from . import coverage
+
+    return coverage.run(args)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,200 @@
+"""Which ATen ops each torch exporter handles, per opset, with and without opforge: measured.
+
+* dynamo (``dynamo=True``): the ops torchlib translates (its registry) and the ops opforge's
+  samples show it translates through torch's decompositions.
+* TorchScript without opforge: torch's own symbolic registry at each opset.
+* TorchScript with opforge: torch's, plus opforge's curated rules, plus every bridged op whose
+  sample really exports at that opset (``torch.onnx.export(..., dynamo=False)`` is run).
+
+``opforge coverage`` prints it; ``tests/test_coverage.py`` fails if an op covered in the
+committed snapshot (``symbolics/aten_coverage.json``) stops being covered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .spec import TORCHSCRIPT_OPSETS
+
+SNAPSHOT = Path(__file__).parent / "symbolics" / "aten_coverage.json"
+
+
+@dataclasses.dataclass
+class Coverage:
+    opsets: list
+    dynamo: set  # user-facing ATen ops the dynamo exporter handles
+    torch_only: dict  # opset -> ops torch's TorchScript exporter handles (of those)
+    with_opforge: dict  # opset -> ops it handles after `import opforge`
+    refused: dict  # (op, opset) -> the reason the bridge gives
+    not_covered: dict  # op -> why opforge does not cover it
+    internal: dict  # op -> why it needs no rule
+
+    def to_json(self) -> dict:
+        return {str(o): sorted(self.with_opforge[o]) for o in self.opsets}
+
+    def table(self) -> str:
+        n = len(self.dynamo)
+        lines = [f"User-facing ATen ops the dynamo exporter handles: {n}",
+                 "", "| opset | TorchScript exporter | with opforge |", "|---:|---:|---:|"]
+        for o in self.opsets:
+            lines.append(f"| {o} | {len(self.torch_only[o] & self.dynamo)} / {n} | "
+                         f"{len(self.with_opforge[o] & self.dynamo)} / {n} |")
+        return "\n".join(lines)
+
+
+def _torchlib_names() -> set:
+    from .symbolics import aten_bridge
+
+    names = set()
+    for key in aten_bridge.torchlib_registry().functions:
+        schema = getattr(key, "_schema", None)
+        name = schema.name if schema is not None else (key if isinstance(key, str) else "")
+        if name.startswith("aten::"):
+            names.add(name[len("aten::"):].split(".")[0])
+    return names
+
+
+def _exports(name: str, opset: int) -> Optional[str]:
+    """None if the op's sample exports at ``opset`` with dynamo=False, else the reason."""
+    from .symbolics.aten_samples import SAMPLES
+
+    sample = SAMPLES[name]
+    inputs = sample.inputs(torch.float32 if sample.float_only else torch.int64)
+
+    class Model(torch.nn.Module):
+        def forward(self, *args):
+            return sample.fn(*args)
+
+    try:
+        with warnings.catch_warnings(), _native_stdout_silenced():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Model(), tuple(inputs), io.BytesIO(), dynamo=False, opset_version=opset)
+    except Exception as exc:  # noqa: BLE001 - the reason is the result
+        text = str(exc).split("[Caused by")[0].strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    return None
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced():
+    # A failed TorchScript export prints its graph from C++ straight to fd 1; a refusal is a
+    # measured result here, not something to dump into the report.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+#: Ops dynamo cannot translate that opforge covers with a curated composition (measured by
+#: tests/test_coverage.py, which exports each with dynamo=True and expects a failure).
+NOT_IN_DYNAMO = ("hypot", "copysign", "fmax", "fmin")
+
+
+def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]] = None) -> Coverage:
+    import opforge  # noqa: F401  (rules registered)
+
+    from .symbolics import aten_rules, aten_samples
+
+    internal = dict(aten_samples.INTERNAL)
+    samples = aten_samples.SAMPLES
+    dynamo = {n for n in _torchlib_names() if n not in internal and not n.startswith("_")}
+    dynamo |= {n for n in samples if n not in NOT_IN_DYNAMO}
+    dynamo -= {n for n, why in aten_samples.NOT_BRIDGED.items() if "dynamo cannot" in why}
+    ruled = {r.aten: r for r in aten_rules.RULES}
+    torch_only, with_opforge, refused = {}, {}, {}
+    for opset in opsets:
+        torch_only[opset] = {n for n in dynamo | set(samples) if aten_rules.has_torch_rule(n, opset)}
+        covered = set(torch_only[opset])
+        covered |= {n for n, r in ruled.items() if opset in r.opsets}
+        for name in sorted(set(samples) - covered):
+            if progress:
+                progress(f"opset {opset}: {name}")
+            why = _exports(name, opset)
+            if why is None:
+                covered.add(name)
+            else:
+                refused[(name, opset)] = why
+        with_opforge[opset] = covered
+    not_covered = {}
+    for name in sorted(dynamo):
+        if all(name in with_opforge[o] for o in opsets if o >= 11):
+            continue
+        first = next((o for o in opsets if name in with_opforge[o]), None)
+        if name in aten_samples.NOT_BRIDGED:
+            why = aten_samples.NOT_BRIDGED[name]
+        elif first is not None and name in torch_only[first]:
+            why = (f"torch's own rule from opset {first} (opforge never shadows it; below that, "
+                   "export at a higher opset or use the ATen fallback)")
+        elif first is not None:
+            why = f"from opset {first}: " + refused.get((name, first - 1), "ONNX cannot express it below")
+        else:
+            why = "no opforge sample yet: the bridge is not registered for it (aten_samples.SAMPLES)"
+        not_covered[name] = why
+    return Coverage(list(opsets), dynamo, torch_only, with_opforge, refused, not_covered, internal)
+
+
+def parse_opsets(text: str) -> list:
+    if "-" in text:
+        lo, hi = (int(v) for v in text.split("-"))
+        return list(range(lo, hi + 1))
+    return [int(v) for v in text.split(",")]
+
+
+def run(args) -> int:
+    opsets = parse_opsets(args.opsets)
+    bad = [o for o in opsets if o not in TORCHSCRIPT_OPSETS]
+    if bad:
+        print(f"opforge coverage: the TorchScript exporter has opsets {TORCHSCRIPT_OPSETS[0]}.."
+              f"{TORCHSCRIPT_OPSETS[-1]}, not {bad}", file=sys.stderr)
+        return 2
+
+    def progress(msg):
+        if not args.quiet:
+            print(f"\r\033[Kmeasuring {msg}", end="", file=sys.stderr, flush=True)
+
+    cov = measure(opsets, progress)
+    if not args.quiet:
+        print("\r\033[K", end="", file=sys.stderr)
+    if args.write_snapshot:
+        SNAPSHOT.write_text(json.dumps(cov.to_json(), indent=1, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps({"dynamo": sorted(cov.dynamo), "torchscript": {str(o): sorted(cov.torch_only[o] & cov.dynamo) for o in opsets},
+                          "torchscript_with_opforge": cov.to_json(),
+                          "refused": {f"{n}@{o}": why for (n, o), why in sorted(cov.refused.items())},
+                          "not_covered": cov.not_covered, "internal": cov.internal}, indent=1))
+        return 0
+    print(cov.table())
+    print("\nCovered with opforge at these opsets and not by torch (first opset each):")
+    firsts = {}
+    for o in opsets:
+        for n in sorted((cov.with_opforge[o] - cov.torch_only[o]) & cov.dynamo):
+            firsts.setdefault(n, o)
+    print("  " + ", ".join(f"{n} ({o}+)" for n, o in sorted(firsts.items())))
+    print("\nRefused below their first opset (the reason the export gives):")
+    seen = set()
+    for (n, o), why in sorted(cov.refused.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        if n not in seen:
+            seen.add(n)
+            print(f"  {n} @ opset {o}: {why}")
+    print("\nNot covered with dynamo=False (dynamo handles them):")
+    for n, why in sorted(cov.not_covered.items()):
+        print(f"  {n}: {why}")
+    print("\nInternal ops (need no rule: the tracer never records them):")
+    for n, why in sorted(cov.internal.items()):
+        print(f"  {n}: {why}")
+    return 0
