@@ -91,6 +91,19 @@ def _declared_without_spec(namespace: str, name: str) -> bool:
     return any(n.split(".")[0] == f"{namespace}::{name}" for n in torch._C._dispatch_get_all_op_names())
 
 
+@functools.lru_cache(maxsize=1)
+def bridge_coverage() -> dict:
+    """``{op: [opsets]}``: where opforge's ATen bridge exports each bridged op, as measured by
+    ``opforge coverage`` (the committed snapshot the coverage test holds it to)."""
+    import json
+
+    from .coverage import SNAPSHOT
+    from .symbolics.aten_samples import SAMPLES
+
+    snapshot = json.loads(SNAPSHOT.read_text())
+    return {name: sorted(int(o) for o, ops in snapshot.items() if name in ops) for name in SAMPLES}
+
+
 def classify(op: str, opset: int) -> OpDiagnosis:
     from .symbolics import aten_rules
 
@@ -107,6 +120,14 @@ def classify(op: str, opset: int) -> OpDiagnosis:
                            "compute core), or write a symbolic that composes standard ONNX ops; for "
                            "torchvision::deform_conv2d, `import opforge` already does")
     ruled = {r.aten: r for r in aten_rules.RULES}
+    bridged = bridge_coverage().get(name)
+    if bridged:
+        first = bridged[0]
+        return OpDiagnosis(op, True, f"opforge's ATen bridge (opset {first}+)", "symbolic",
+                           f"opforge exports it with standard ONNX from opset {first} on (the dynamo exporter's "
+                           "translation, lowered to the opset)"
+                           + ("" if opset >= first else f"; raise the opset to {first} or more, or use "
+                              "aten_fallback=True at this opset"))
     eq = onnx_equivalent(name)
     if name in ruled:
         rule = ruled[name]
@@ -140,7 +161,8 @@ def _torchscript_unsupported(model, args, opset) -> list[str]:
         kind = node.kind()
         if kind.startswith(("prim::", "onnx::")) or kind in missing:
             continue
-        if not registry.is_registered_op(kind, opset):
+        bridged = bridge_coverage().get(kind.split("::")[-1]) if kind.startswith("aten::") else None
+        if not registry.is_registered_op(kind, opset) or (bridged is not None and opset not in bridged):
             missing.append(kind)
     return missing
 

@@ -73,3 +73,16 @@ def test_op_declared_in_cpp_without_spec_is_recognised():
     assert d.way == "custom op" and "no opforge spec is registered" in d.advice and "register_op" in d.advice
     assert "no opforge spec" not in opforge.diagnosis.classify("mylib::never_declared", 18).advice
     assert "no opforge spec" not in opforge.diagnosis.classify("opforge::my_add", 18).advice
+
+
+def test_diagnose_knows_the_bridge_coverage():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.logcumsumexp(x, 1) + torch.hypot(x, x)
+
+    x = torch.randn(2, 3)
+    assert opforge.diagnose(Model(), (x,), opset_version=17).ok
+    low = opforge.diagnose(Model(), (x,), opset_version=10)
+    assert [d.op for d in low.unsupported] == ["aten::logcumsumexp", "aten::hypot"]
+    text = str(low)
+    assert "opforge's ATen bridge (opset 11+)" in text and "raise the opset to 11" in text
