@@ -112,3 +112,10 @@ def test_prototype_benchmark_reports_prices(tmp_path):
         assert set(row["us"]) == {"torch prototype", "torch compiled", "ORT prototype", "ORT plain onnx_op",
                                   "ORT compiled"}
         assert row["torch_prototype_vs_compiled"] > 0 and row["ort_prototype_vs_compiled"] > 0
+
+
+def test_bridge_export_benchmark_runs(tmp_path):
+    # It asserts itself that a model without bridged ops never loads the bridge.
+    out = run([str(ROOT / "benchmarks" / "bench_bridge_export.py"), "--repeat", "2"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "ratio" in out.stdout and "cached" in out.stdout
