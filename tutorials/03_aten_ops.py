@@ -5,7 +5,9 @@ Run it:  .venv/bin/python tutorials/03_aten_ops.py      (after scripts/bootstrap
 The flowchart users follow when an export fails, with opforge doing each branch:
   1. ask opforge.diagnose which ops fail and which way applies;
   2. ATen op with an ONNX equivalent (asinh -> Asinh): opforge registers the missing symbolic;
-  3. ATen op without one (cummax, logcumsumexp): export it as an org.pytorch.aten::ATen node
+     ATen op the dynamo exporter knows (logcumsumexp): opforge's ATen bridge gives the
+     TorchScript exporter the same translation, in standard ONNX (`opforge coverage` lists them);
+  3. ATen op with neither (cummax): export it as an org.pytorch.aten::ATen node
      and run it in ONNX Runtime through libtorch with libopforge_aten.
 """
 
@@ -21,7 +23,7 @@ import opforge
 class Model(torch.nn.Module):
     def forward(self, x):
         running_max, where = torch.cummax(x, dim=1)          # no ONNX equivalent
-        smooth = torch.logcumsumexp(x, dim=1)                 # no ONNX equivalent (TorchScript)
+        smooth = torch.logcumsumexp(x, dim=1)                 # no ONNX op: opforge's ATen bridge composes one
         return torch.asinh(running_max) + smooth, where       # asinh: ONNX Asinh, but torch has no rule
 
 
