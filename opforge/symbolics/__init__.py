@@ -5,9 +5,11 @@
 * :mod:`.onnx_schema`: ``OpSchema`` of the ``opforge`` ONNX domain
 * :mod:`.reference`: ``onnx.reference`` implementations
 * :mod:`.lowering`: choose standard ONNX instead of the custom node
+* :mod:`.aten_rules`, :mod:`.aten_bridge` (+ :mod:`.aten_samples`), :mod:`.aten_fallback`: ATen
+  ops torch's TorchScript exporter has no rule for
 """
 
-from . import aten_fallback, aten_rules, dynamo, lowering, onnx_schema, reference, torchscript
+from . import aten_bridge, aten_fallback, aten_rules, aten_samples, dynamo, lowering, onnx_schema, reference, torchscript
 from .dynamo import translation_table
 from .lowering import standard_onnx
 

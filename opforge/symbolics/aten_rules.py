@@ -116,19 +116,6 @@ def register_all() -> None:
                          skip=lambda name, opset: has_torch_rule(name, opset))
 
 
-def bridged(opset: int) -> list[str]:
-    """The ATen ops opforge's bridge is registered for at ``opset``."""
-    from . import aten_bridge
-
-    registry = _torch_registry()
-    out = []
-    for name in sorted(__import__("opforge.symbolics.aten_samples", fromlist=["SAMPLES"]).SAMPLES):
-        group = registry.get_function_group(f"aten::{name}")
-        if group is not None and group.get(opset) is aten_bridge.symbolic:
-            out.append(name)
-    return out
-
-
 def _torch_registry():
     # The registry is filled when the exporter's symbolic modules are imported.
     from torch.onnx._internal.torchscript_exporter import registration, utils

@@ -119,6 +119,13 @@ SAMPLES: dict[str, Sample] = {
     "diag_embed": Sample(torch.diag_embed, lambda dt: (_real(dt, 2, 3),)),
     "take_along_dim": Sample(lambda x, i: torch.take_along_dim(x, i, 1),
                              lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False, dynamic=()),
+    # torch has rules for these from a later opset; the bridge covers the opsets below it where
+    # ONNX can express the op (tril/triu: Trilu needs 14, so none; the test checks the refusal)
+    "tril": Sample(lambda x: torch.tril(x, -1), lambda dt: (_real(dt, 3, 4),), min_opset=14),
+    "triu": Sample(lambda x: torch.triu(x, 1), lambda dt: (_real(dt, 3, 4),), min_opset=14),
+    "tile": Sample(lambda x: torch.tile(x, (2, 3)), lambda dt: (_real(dt, 3, 4),)),
+    "unflatten": Sample(lambda x: torch.unflatten(x, 1, (2, 2)), lambda dt: (_real(dt, 3, 4),)),
+    "celu": _unary(lambda x: torch.celu(x, 0.7), min_opset=12),
     # Losses (nn.functional)
     "l1_loss": Sample(F.l1_loss, lambda dt: (_real(dt, 3, 4), _real(dt, 3, 4, seed=4))),
     "huber_loss": Sample(lambda a, b: F.huber_loss(a, b, delta=0.7), lambda dt: (_real(dt, 3, 4), _real(dt, 3, 4, seed=4))),
