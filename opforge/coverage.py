@@ -70,15 +70,10 @@ def _exports(name: str, opset: int) -> Optional[str]:
 
     sample = SAMPLES[name]
     inputs = sample.inputs(torch.float32 if sample.float_only else torch.int64)
-
-    class Model(torch.nn.Module):
-        def forward(self, *args):
-            return sample.fn(*args)
-
     try:
         with warnings.catch_warnings(), _native_stdout_silenced():
             warnings.simplefilter("ignore")
-            torch.onnx.export(Model(), tuple(inputs), io.BytesIO(), dynamo=False, opset_version=opset)
+            torch.onnx.export(sample.module(), tuple(inputs), io.BytesIO(), dynamo=False, opset_version=opset)
     except Exception as exc:  # noqa: BLE001 - the reason is the result
         text = str(exc).split("[Caused by")[0].strip()
         return text.splitlines()[0] if text else type(exc).__name__

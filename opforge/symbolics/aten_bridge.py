@@ -67,7 +67,7 @@ class TensorInfo:
     dtype: torch.dtype
     shape: tuple  # ints, None for a dynamic dim
 
-    def example(self, hint: int = 5) -> torch.Tensor:
+    def example(self, hint: int = _DYNAMIC_DIM_HINT) -> torch.Tensor:
         shape = [d if d is not None else hint for d in self.shape]
         if self.dtype == torch.bool:
             return torch.zeros(shape, dtype=torch.bool)
@@ -161,14 +161,12 @@ def _is_constant(value) -> bool:
 
 def _overloads(kind: str, original_schema: str) -> list:
     """Candidate schemas for a node, best first: the one the tracer recorded when it is known;
-    else the way the dispatcher orders them (default, Tensor, the rest), never out= or in-place."""
+    else the ATen fallback's dispatcher order (default, Tensor, the rest; never out= or in-place)."""
+    from .aten_fallback import dispatch_order
+
     if original_schema != "(no schema)":
         return [torch._C.parse_schema(original_schema)]
-    schemas = [s for s in torch._C._jit_get_schemas_for_operator(kind)
-               if not s.overload_name.endswith("out") and not any(
-                   a.alias_info is not None and a.alias_info.is_write for a in s.arguments)]
-    rank = {"": 0, "Tensor": 1}
-    return sorted(schemas, key=lambda s: rank.get(s.overload_name, 2))
+    return [op._schema for op in dispatch_order(getattr(torch.ops.aten, kind.split("::")[1]))]
 
 
 def _binds(schema, values) -> bool:
@@ -588,10 +586,9 @@ class _Downgrade:
         # The op exists at the target opset in another version. Same form (inputs, attributes)
         # and types the older version accepts -> same meaning (ONNX versions its ops when
         # either changes); anything else is refused.
-        n_inputs = len([i for i in node.inputs])
-        max_inputs = sum(1 for f in target.inputs) if not any(
-            f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic for f in target.inputs) else 10**6
-        if n_inputs > max_inputs:
+        variadic = any(f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic for f in target.inputs)
+        max_inputs = 10**6 if variadic else len(target.inputs)
+        if len(node.inputs) > max_inputs:
             self.refuse(node, f"whose opset-{target.since_version} version takes at most {max_inputs} inputs")
         for name in list(node.attrs):
             if name not in target.attributes:

@@ -287,6 +287,18 @@ def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: set) -> 
     return plan if k == len(inputs) and used == set(attrs) else None
 
 
+def dispatch_order(packet) -> list:
+    """The overloads of an ATen op a call may mean, in the order the dispatcher tries them:
+    ``default``, then ``Tensor``, then the others in registration order; never ``out`` or
+    in-place ones (ORT's and ONNX's inputs are read-only)."""
+    names = packet.overloads()
+    names = [o for o in ("default", "Tensor") if o in names] + [
+        o for o in names if o not in ("default", "Tensor") and not o.endswith("out")]
+    ops = [op for op in (getattr(packet, o, None) for o in names) if op is not None]
+    return [op for op in ops if not any(a.alias_info is not None and a.alias_info.is_write
+                                        for a in op._schema.arguments)]
+
+
 def _bind_overload(node: onnx.NodeProto, consts: set) -> tuple[torch._ops.OpOverload, list]:
     """The overload an ATen node means when it names none (``overload_name=""``), chosen the way the
     dispatcher picks one for a call: the first overload -- ``default``, then ``Tensor``, then the
@@ -301,14 +313,10 @@ def _bind_overload(node: onnx.NodeProto, consts: set) -> tuple[torch._ops.OpOver
         raise ValueError(f"opforge: aten::{name} is not an ATen operator in torch {torch.__version__}")
     overloads = packet.overloads()
     if overload:
-        names = [overload]
+        ops = [op for op in dispatch_order(packet) if op._overloadname == overload]
     else:
-        names = [o for o in ("default", "Tensor") if o in overloads]
-        names += [o for o in overloads if o not in names and not o.endswith("out")]
-    for candidate in names:
-        op = getattr(packet, candidate, None)
-        if op is None or any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
-            continue
+        ops = dispatch_order(packet)
+    for op in ops:
         plan = _bind(op, inputs, attrs, consts)
         if plan is not None:
             return op, plan

@@ -50,6 +50,19 @@ class Sample:
     #: (opset, dtype) pairs ONNX Runtime has no kernel for (opset None: every opset).
     ort_gaps: frozenset = frozenset()
 
+    def module(self) -> torch.nn.Module:
+        """The sample call as a model, which is what the exporters take."""
+        return _SampleModule(self.fn)
+
+
+class _SampleModule(torch.nn.Module):
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
 
 def _unary(fn, inputs=None, **kw) -> Sample:
     return Sample(fn, inputs or (lambda dt: (_edge(dt),)), **kw)
