@@ -115,7 +115,9 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
     for opset in opsets:
         torch_only[opset] = {n for n in dynamo | set(samples) if aten_rules.has_torch_rule(n, opset)}
         covered = set(torch_only[opset])
-        covered |= {n for n, r in ruled.items() if opset in r.opsets}
+        # A rule counts from the opset where it takes every dtype (bitwise_xor's is registered
+        # from 9 for bool tensors, but integers need opset 18).
+        covered |= {n for n, r in ruled.items() if opset in r.opsets and opset >= r.since}
         for name in sorted(set(samples) - covered):
             if progress:
                 progress(f"opset {opset}: {name}")
@@ -132,6 +134,10 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
         first = next((o for o in opsets if name in with_opforge[o]), None)
         if name in aten_samples.NOT_BRIDGED:
             why = aten_samples.NOT_BRIDGED[name]
+        elif name in ruled and ruled[name].opsets[0] < ruled[name].since:
+            rule = ruled[name]
+            why = (f"from opset {rule.since} for every dtype ({rule.onnx}); below, opforge's rule exports bool "
+                   f"tensors from opset {rule.opsets[0]} and refuses integers (ONNX has no bitwise ops there)")
         elif first is not None and name in torch_only[first]:
             why = (f"torch's own rule from opset {first} (opforge never shadows it; below that, "
                    "export at a higher opset or use the ATen fallback)")

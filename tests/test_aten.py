@@ -51,15 +51,21 @@ RULE_INPUTS = {
     "trunc": lambda: torch.cat([torch.randn(3, 4) * 5, torch.tensor([[-0.5, 0.5, -2.0, 2.7]])]),
     "fix": lambda: torch.randn(3, 4) * 5,
     "bitwise_xor": lambda: torch.randint(-100, 100, (3, 4), dtype=torch.int32),
+    "bitwise_and": lambda: torch.randint(-100, 100, (3, 4), dtype=torch.int32),
 }
-RULE_CASES = [(r.aten, o) for r in aten_rules.RULES for o in sorted({r.opsets[0], max(17, r.opsets[0]), 20})]
+RULE_CASES = [(r.aten, o) for r in aten_rules.RULES
+              for o in sorted({r.opsets[0], min(max(17, r.opsets[0]), r.opsets[-1]), r.opsets[-1]})]
 
 
 @pytest.mark.parametrize("aten,opset", RULE_CASES, ids=[f"{a}-opset{o}" for a, o in RULE_CASES])
 def test_curated_symbolic_round_trip(aten, opset):
     x = RULE_INPUTS[aten]()
-    if aten == "bitwise_xor":
-        fn = lambda a: torch.bitwise_xor(a, a.flip(0)) + torch.bitwise_xor(a > 0, a < 5).int()
+    if aten.startswith("bitwise_"):
+        op = getattr(torch, aten)
+        if opset >= 18:  # integers (BitwiseXor/BitwiseAnd) and bools
+            fn = lambda a: op(a, a * 3 + 1) + op(a > 0, a < 5).int()
+        else:  # bools only: integers are refused below 18 (test_aten_lowerings)
+            fn = lambda a: op(a > 0, a < 5).int()
     else:
         fn = getattr(torch, aten)
     model = Lambda(fn)

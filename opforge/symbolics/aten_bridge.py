@@ -22,6 +22,7 @@ build) is loaded on first use, so models that need no bridge export exactly as f
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import logging
 import math
@@ -32,6 +33,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import torch
+
+from . import aten_lowerings
 
 _LOCK = threading.RLock()
 
@@ -128,7 +131,8 @@ def _constant(value, arg_type, op: str, arg: str):
         elem = arg_type.getElementType() if arg_type.kind() == "ListType" else arg_type
         return tuple(_constant(v, elem, op, arg) for v in node.inputs())
     if kind == "onnx::Constant":
-        python = node.t("value").tolist()
+        # Strings (einsum's equation, scatter_reduce's reduce) are string attributes.
+        python = node.s("value") if node.kindOf("value") == "s" else node.t("value").tolist()
     elif kind == "prim::Constant":
         python = value.toIValue()
         if isinstance(python, torch.Tensor):
@@ -310,15 +314,18 @@ CURATED: dict[str, Callable] = {
     "sgn": _sgn,
     "fmax": _fmax,
     "fmin": _fmin,
+    "scatter_reduce": aten_lowerings.scatter_reduce_one_hot,
 }
 
 
 class _CallModule(torch.nn.Module):
-    """``forward(*tensors)`` makes the Call, with its constants baked in."""
+    """``forward(*tensors)`` makes the Call, with its constants baked in; ``fn`` replaces the
+    op (a curated composition, or a lowering for older opsets)."""
 
-    def __init__(self, call: Call):
+    def __init__(self, call: Call, fn: Optional[Callable] = None):
         super().__init__()
         self.call = call
+        self.fn = fn or CURATED.get(call.name, call.op)
 
     def forward(self, *tensors):
         it = iter(tensors)
@@ -331,8 +338,7 @@ class _CallModule(torch.nn.Module):
             else:
                 args.append(list(a) if isinstance(a, tuple) else a)
         n = len(args) - len(self.call.keyword)
-        fn = CURATED.get(self.call.name, self.call.op)
-        return fn(*args[:n], **dict(zip(self.call.keyword, args[n:])))
+        return self.fn(*args[:n], **dict(zip(self.call.keyword, args[n:])))
 
 
 def _flat_tensors(call: Call) -> list[TensorInfo]:
@@ -345,10 +351,45 @@ def _flat_tensors(call: Call) -> list[TensorInfo]:
     return out
 
 
+class Form(enum.IntEnum):
+    """Which form of the op :func:`translate` hands to torchlib, tried in this order.
+
+    Torchlib writes the newest ONNX op for an ATen op (Trilu, Einsum, NegativeLogLikelihoodLoss,
+    GridSample, ...). Torch's own decompositions of the op into simpler ATen ops often need
+    only older ONNX ops, which is what an opset below the newer op's needs."""
+
+    DIRECT = 0  # the op itself: torchlib's translation (fewest nodes)
+    DECOMPOSED = 1  # torch's decomposition of the op
+    CORE_ATEN = 2  # everything decomposed down to core ATen
+    DEEP = 3  # core ATen, then the ops core ATen keeps by their own decompositions
+    LOWERING = 4  # opforge's composition for older opsets (aten_lowerings.LOWERINGS)
+
+
+def _decompose(call: Call, program, form: Form):
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    core = core_aten_decompositions()
+    if form == Form.DECOMPOSED:
+        fn = core.get(call.op) or decomposition_table.get(call.op)
+        if fn is None:
+            raise BridgeError(f"{call.overload}: torch has no decomposition of it")
+        return program.run_decompositions({call.op: fn})
+    program = program.run_decompositions(dict(core))
+    if form == Form.DEEP:
+        # One level further (grid_sampler_2d, ...). The whole table at once would reach prims,
+        # which the exporter cannot take.
+        kept = {n.target for n in program.graph.nodes if n.op == "call_function"}
+        deeper = {op: decomposition_table[op] for op in kept if op in decomposition_table}
+        if not deeper:
+            raise BridgeError(f"{call.overload}: torch has no further decomposition of it")
+        program = program.run_decompositions(deeper)
+    return program
+
+
 @functools.lru_cache(maxsize=512)
-def translate(call: Call) -> onnx.ModelProto:
-    """The dynamo exporter's ONNX graph for ``call`` (opset 18, functions inlined, shapes
-    inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot."""
+def translate(call: Call, form: Form = Form.DIRECT) -> onnx.ModelProto:
+    """The dynamo exporter's ONNX graph for ``call`` in ``form`` (opset 18, functions inlined,
+    shapes inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot."""
     from onnxscript import ir
     from onnxscript import optimizer
     from onnxscript.ir.passes import common as passes
@@ -356,18 +397,31 @@ def translate(call: Call) -> onnx.ModelProto:
 
     infos = _flat_tensors(call)
     dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in infos)
-    # A dynamic dim's traced size is not in the graph. Try a neutral size, then the static sizes
-    # of the other inputs (a dynamic dim must often match one of them, as in addr's vectors).
-    hints = [_DYNAMIC_DIM_HINT] + sorted({d for i in infos for d in i.shape if d not in (None, _DYNAMIC_DIM_HINT)})
+    # A dynamic dim's traced size is not in the graph. Try a neutral size; then the static sizes
+    # of the other inputs (a dynamic dim must often match one of them, as in addr's vectors);
+    # then a size above each integer argument (stft's n_fft, a kernel size: the dim must be at
+    # least that long). (size, whether the dim must come out still dynamic)
+    sizes = sorted({d for i in infos for d in i.shape if d not in (None, _DYNAMIC_DIM_HINT)})
+    above = sorted({4 * c + 1 for c in _int_constants(call.args) if c > 1} - {_DYNAMIC_DIM_HINT, *sizes})
+    hints = [(_DYNAMIC_DIM_HINT, True)] + [(d, False) for d in sizes] + [(d, True) for d in above]
     if not any(dynamic):
         hints = hints[:1]
+    fn = None
+    if form == Form.LOWERING:
+        from .aten_lowerings import LOWERINGS
+
+        if call.name not in LOWERINGS:
+            raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
+        fn = LOWERINGS[call.name](call)  # eagerly: it may precompute constants
     with _LOCK, _quiet_exporter():
-        for attempt, hint in enumerate(hints):
+        for attempt, (hint, must_stay_dynamic) in enumerate(hints):
             examples = tuple(i.example(hint) for i in infos)
             try:
-                program = torch.export.export(_CallModule(call), examples, dynamic_shapes=(dynamic,), strict=False)
-                if attempt == 0:
+                program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
+                if must_stay_dynamic:
                     _check_still_dynamic(call, program, dynamic)
+                if form in (Form.DECOMPOSED, Form.CORE_ATEN, Form.DEEP):
+                    program = _decompose(call, program, form)
                 model = _core.exported_program_to_ir(program, registry=torchlib_registry())
                 break
             except BridgeError:
@@ -389,11 +443,25 @@ def translate(call: Call) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(proto, data_prop=True)
 
 
+def _int_constants(args) -> set:
+    found = set()
+    for a in args:
+        if isinstance(a, bool):
+            continue
+        if isinstance(a, int):
+            found.add(a)
+        elif isinstance(a, tuple):
+            found |= _int_constants(a)
+    return found
+
+
 def _check_still_dynamic(call: Call, program, dynamic) -> None:
     # A dim that torch.export specialised to the neutral size would be baked into the graph
     # as 5: wrong at run time. (Sizes taken from other inputs, tried later, are specialised
     # because the op ties the dim to that input's static size: right.)
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    # The call's tensors only: constants the module lifts (a lowering's weights) come first.
+    user_inputs = set(program.graph_signature.user_inputs)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs]
     for index, (node, dims) in enumerate(zip(placeholders, dynamic)):
         val = node.meta.get("val")
         for d in dims:
@@ -461,9 +529,13 @@ class _Graph:
         self.inputs = [i.name for i in g.input]
         self.outputs = [o.name for o in g.output]
         self.types: dict[str, int] = {}
+        self.shapes: dict[str, list] = {}  # dims: int, or None where not static
         for vi in [*g.input, *g.value_info, *g.output]:
             if vi.type.HasField("tensor_type"):
                 self.types[vi.name] = vi.type.tensor_type.elem_type
+                if vi.type.tensor_type.HasField("shape"):
+                    self.shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None
+                                            for d in vi.type.tensor_type.shape.dim]
         self.constants: dict[str, np.ndarray] = {}
         self.nodes: list[Node] = []
         for init in g.initializer:
@@ -725,6 +797,48 @@ def _reshape(d: _Downgrade, node: Node, target) -> bool:
     return True
 
 
+def _max_min(greater: str):
+    # Max/Min take integers from opset 12 on. Below, for integers (no NaN to propagate),
+    # Where(a > b, a, b) is the same, pairwise.
+    def adapt(d: _Downgrade, node: Node, target) -> bool:
+        if all(_type_allowed(target, 0, d.g.types.get(i)) for i in node.inputs):
+            return False
+        result = node.inputs[0]
+        for i, other in enumerate(node.inputs[1:], 2):
+            cond = d.new_name()
+            d.out.append(Node(greater, [result, other], {}, [cond]))
+            out = node.outputs[0] if i == len(node.inputs) else d.new_name()
+            d.out.append(Node("Where", [cond, result, other], {}, [out]))
+            result = out
+        if len(node.inputs) == 1:
+            d.out.append(Node("Identity", node.inputs, {}, node.outputs))
+        return True
+
+    return adapt
+
+
+def _softmax(d: _Downgrade, node: Node, target) -> bool:
+    # Before opset 13, Softmax/LogSoftmax/Hardmax flatten the input to 2-D at `axis` and
+    # normalise over everything after it: the same as opset 13 only for the last axis. Any
+    # other axis is swapped to the end and back.
+    shape = d.g.shapes.get(node.inputs[0])
+    rank = None if shape is None else len(shape)
+    if rank is None:
+        d.refuse(node, f"whose opset-{target.since_version} version flattens the input, and its rank is not known")
+    axis = node.attrs.get("axis", -1) % rank
+    attrs = {**node.attrs, "axis": rank - 1}
+    if axis == rank - 1:
+        d.out.append(Node(node.op_type, node.inputs, attrs, node.outputs))
+        return True
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    swapped, normalised = d.new_name(), d.new_name()
+    d.out.append(Node("Transpose", node.inputs, {"perm": perm}, [swapped]))
+    d.out.append(Node(node.op_type, [swapped], attrs, [normalised]))
+    d.out.append(Node("Transpose", [normalised], {"perm": perm}, node.outputs))
+    return True
+
+
 _REDUCE_18 = ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 _ADAPTERS: dict[str, Callable] = {
@@ -737,8 +851,41 @@ _ADAPTERS: dict[str, Callable] = {
     "Slice": _slice,
     "Pow": _pow,
     "Reshape": _reshape,
+    "Max": _max_min("Greater"),
+    "Min": _max_min("Less"),
+    "Softmax": _softmax,
+    "LogSoftmax": _softmax,
+    "Hardmax": _softmax,
 }
+def _bitwise(logical: str):
+    # Bitwise ops are opset 18. On bool tensors they are the logical ops. x & (2**k - 1) on
+    # integers is x mod 2**k (floor mod, as two's complement has it): decompositions test
+    # parity this way (grid_sample's reflection padding).
+    def adapt(d: _Downgrade, node: Node) -> bool:
+        types = [d.g.types.get(i) for i in node.inputs]
+        if all(t == onnx.TensorProto.BOOL for t in types):
+            d.out.append(Node(logical, node.inputs, {}, node.outputs))
+            return True
+        if node.op_type != "BitwiseAnd" or d.opset < 10:
+            return False
+        for x, mask in (node.inputs, node.inputs[::-1]):
+            value = d.g.constants.get(mask)
+            if value is None or value.size != 1 or d.g.shapes.get(x) is None:
+                continue
+            m = int(value.reshape(-1)[0])
+            if m > 0 and (m & (m + 1)) == 0 and m + 1 <= np.iinfo(value.dtype).max:
+                modulus = d.constant(np.asarray(m + 1, dtype=value.dtype))
+                d.out.append(Node("Mod", [x, modulus], {"fmod": 0}, node.outputs))
+                return True
+        return False
+
+    return adapt
+
+
 _MISSING_ADAPTERS: dict[str, Callable] = {
+    "BitwiseAnd": _bitwise("And"),
+    "BitwiseOr": _bitwise("Or"),
+    "BitwiseXor": _bitwise("Xor"),
     "CastLike": _cast_like,
     "GreaterOrEqual": _compare_or_equal("Greater"),
     "LessOrEqual": _compare_or_equal("Less"),
@@ -747,15 +894,30 @@ _MISSING_ADAPTERS: dict[str, Callable] = {
 
 @functools.lru_cache(maxsize=1024)
 def lowered(call: Call, opset: int) -> tuple:
-    """``(inputs, nodes, outputs)`` of ``call`` at ``opset``; BridgeError if ONNX cannot express it."""
-    graph = _Graph(translate(call))
-    try:
-        nodes = _Downgrade(graph, opset, call.overload).run()
-    except BridgeError as exc:
-        if str(exc).startswith(call.overload):
-            raise
-        raise BridgeError(f"{call.overload} at opset {opset}: {exc}") from None
-    return graph.inputs, nodes, graph.outputs
+    """``(inputs, nodes, outputs, types)`` of ``call`` at ``opset``; BridgeError if ONNX cannot
+    express it. ``types``: value name -> (ONNX elem type, dims) where inferred."""
+    first_error = None
+    # torchlib's direct translation first (fewest nodes); where it needs an ONNX op newer than
+    # the opset, the other forms in turn. The error reported is the direct form's: it names
+    # the ONNX op that is too new.
+    for form in Form:
+        try:
+            graph = _Graph(translate(call, form))
+            nodes = _Downgrade(graph, opset, call.overload).run()
+            types = {n: (t, graph.shapes.get(n)) for n, t in graph.types.items()}
+            return graph.inputs, nodes, graph.outputs, types
+        except BridgeError as exc:
+            if not str(exc).startswith(call.overload):
+                exc = BridgeError(f"{call.overload} at opset {opset}: {exc}")
+            if first_error is None:
+                first_error = exc
+            if opset >= SOURCE_OPSET:
+                break  # nothing to lower: a decomposition would not make the graph more exportable
+            if form == Form.LOWERING and call.name in aten_lowerings.LOWERINGS:
+                # opforge has a composition for older opsets and it failed: its reason matters.
+                raise BridgeError(f"{first_error}; opforge's composition for older opsets: "
+                                  f"{str(exc).removeprefix(call.overload + ': ')}") from None
+    raise first_error
 
 
 # --------------------------------------------------------------------------------------------
@@ -791,7 +953,7 @@ def _g_attrs(attrs: dict) -> dict:
 
 def emit(g, call: Call, values: Sequence) -> Any:
     """Write ``call`` into ``g`` at ``g.opset`` with ``values`` as its tensor inputs."""
-    inputs, nodes, outputs = lowered(call, g.opset)
+    inputs, nodes, outputs, types = lowered(call, g.opset)
     env = dict(zip(inputs, values))
     for node in nodes:
         args = [env[i] if i else None for i in node.inputs]
@@ -804,8 +966,29 @@ def emit(g, call: Call, values: Sequence) -> Any:
         result = g.op(node.op_type, *args, outputs=len(node.outputs), **_g_attrs(node.attrs))
         for name, v in zip(node.outputs, result if len(node.outputs) > 1 else (result,)):
             env[name] = v
+            _set_type(v, types.get(name))
     results = [env[o] for o in outputs]
     return results[0] if len(results) == 1 else tuple(results)
+
+
+_TORCH_DTYPES = {onnx.helper.np_dtype_to_tensor_dtype(torch.empty((), dtype=t).numpy().dtype): t
+                 for t in _DTYPES.values() if t != torch.bfloat16}
+
+
+def _set_type(value, known) -> None:
+    # g.op outputs are untyped; the TorchScript exporter's scalar-type pass then treats a 0-d
+    # untyped value as a float scalar and casts it (nll_loss's float64 result came out float32).
+    # The translated graph knows each value's type and shape: give them to TorchScript.
+    if known is None or known[0] not in _TORCH_DTYPES:
+        return
+    dtype, dims = _TORCH_DTYPES[known[0]], known[1]
+    t = value.type()
+    if t.kind() != "TensorType":
+        return
+    t = t.with_dtype(dtype)
+    if dims is not None:
+        t = t.with_sizes(dims)
+    value.setType(t)
 
 
 def symbolic(g, *args):

@@ -5,8 +5,9 @@ The candidates are found by asking the exporter's own registry (see
 :func:`missing_in_torch`): ATen ops whose name matches a standard ONNX op and which
 have no registered symbolic at any opset 9..20. Of those, each rule below maps an op
 whose ONNX equivalent is faithful (same values, dtypes and broadcasting), registered
-for every opset from the one the ONNX op appeared in to 20, or is a faithful
-composition where no single op exists. ``import opforge`` registers them.
+for every opset from the one the ONNX op appeared in to 20 (or, where part of the op's
+dtypes work earlier, from that opset, refusing the rest with a clear error), or is a
+faithful composition where no single op exists. ``import opforge`` registers them.
 """
 
 from __future__ import annotations
@@ -53,12 +54,26 @@ def _trunc(g, self):
     return g.op("Mul", g.op("Sign", self), g.op("Floor", g.op("Abs", self)))
 
 
-@symbolic_helper.parse_args("v", "v")
-def _bitwise_xor(g, self, other):
-    other = g.op("CastLike", other, self)
-    if _scalar_type(self) == "Bool":
-        return g.op("Xor", self, other)
-    return g.op("BitwiseXor", self, other)
+def _bitwise(aten: str, logical: str, bitwise: str) -> Callable:
+    # Bool tensors: the logical op, which ONNX has at every opset. Integers: the Bitwise op,
+    # which ONNX has from opset 18; below, a clear error rather than a wrong answer.
+    @symbolic_helper.parse_args("v", "v")
+    def symbolic(g, self, other):
+        if _scalar_type(self) == "Bool" and _scalar_type(other) in ("Bool", None):
+            return g.op(logical, self, g.op("Cast", other, to_i=onnx.TensorProto.BOOL))
+        if g.opset < 18:
+            from torch.onnx import errors
+
+            raise errors.SymbolicValueError(
+                f"aten::{aten} on {_scalar_type(self) or 'non-bool'} tensors at opset {g.opset}: ONNX has "
+                f"{bitwise} from opset 18 on (bool tensors export as {logical} at any opset); export at "
+                "opset 18 or more", self)
+        if _scalar_type(self) is None:
+            raise symbolic_helper._onnx_unsupported(f"aten::{aten} on an input of unknown dtype", self)
+        return g.op(bitwise, self, g.op("CastLike", other, self))
+
+    symbolic.__name__ = f"{aten}_symbolic"
+    return symbolic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +82,14 @@ class AtenRule:
     onnx: str  # what it exports as
     since: int  # first opset where the ONNX op(s) exist
     symbolic: Callable
+    #: Registered from this opset (default: since), up to this one (default: the last).
+    first: int | None = None
+    last: int = TORCHSCRIPT_OPSETS[-1]
 
     @property
     def opsets(self) -> range:
-        return range(max(self.since, TORCHSCRIPT_OPSETS[0]), TORCHSCRIPT_OPSETS[-1] + 1)
+        first = self.since if self.first is None else self.first
+        return range(max(first, TORCHSCRIPT_OPSETS[0]), self.last + 1)
 
 
 RULES: tuple[AtenRule, ...] = (
@@ -81,7 +100,10 @@ RULES: tuple[AtenRule, ...] = (
     AtenRule("cosh", "Cosh", 9, _unary("Cosh")),
     AtenRule("trunc", "Sign * Floor(Abs)", 9, _trunc),
     AtenRule("fix", "Sign * Floor(Abs)", 9, _trunc),  # alias of trunc
-    AtenRule("bitwise_xor", "BitwiseXor (bool: Xor)", 18, _bitwise_xor),
+    # Bool tensors at every opset; integers from 18. torch's own bitwise_and starts at 18.
+    AtenRule("bitwise_xor", "BitwiseXor (bool: Xor)", 18, _bitwise("bitwise_xor", "Xor", "BitwiseXor"), first=9),
+    AtenRule("bitwise_and", "And (bool; integers: BitwiseAnd, torch's rule at 18+)", 18,
+             _bitwise("bitwise_and", "And", "BitwiseAnd"), first=9, last=17),
 )
 
 

@@ -35,6 +35,13 @@ def _positive(dtype, *shape, seed=2) -> torch.Tensor:
     return _real(dtype, *shape, lo=0.05, hi=4.0, seed=seed)
 
 
+def _with_edges(x: torch.Tensor) -> torch.Tensor:
+    """x with +-inf and nan at a few places (for ops that only move or add values)."""
+    flat = x.reshape(-1).clone()
+    flat[[1, 7, 19]] = torch.tensor([math.inf, -math.inf, math.nan], dtype=x.dtype)
+    return flat.reshape(x.shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     fn: Callable  # fn(*inputs): the torch call whose ATen op is bridged
@@ -49,6 +56,9 @@ class Sample:
     min_opset: int = 11
     #: (opset, dtype) pairs ONNX Runtime has no kernel for (opset None: every opset).
     ort_gaps: frozenset = frozenset()
+    #: (opset, dtype, error text) where torch's *own* rule (which opforge never shadows)
+    #: writes a model ONNX Runtime rejects: measured, asserted, reported.
+    torch_rule_bugs: frozenset = frozenset()
 
     def module(self) -> torch.nn.Module:
         """The sample call as a model, which is what the exporters take."""
@@ -72,6 +82,18 @@ def _binary(fn, **kw) -> Sample:
     # (3, 4) with (4,): broadcasting, the second operand with edge values too.
     return Sample(fn, lambda dt: (_edge(dt), _edge(dt)[1].flip(0)), **kw)
 
+
+def _gaps(opsets, dtype) -> frozenset:
+    return frozenset((o, dtype) for o in opsets)
+
+
+def _bugs(opsets, dtype, error: str) -> frozenset:
+    return frozenset((o, dtype, error) for o in opsets)
+
+
+#: Antialiased Resize is opset 18, and ORT's has no double kernel. Below 18 opforge writes two
+#: MatMuls (aten_lowerings), which ORT runs in double too.
+_RESIZE_AA_GAPS = _gaps((18, 19, 20), torch.float64)
 
 SAMPLES: dict[str, Sample] = {
     # Elementwise, unary
@@ -132,13 +154,49 @@ SAMPLES: dict[str, Sample] = {
     "diag_embed": Sample(torch.diag_embed, lambda dt: (_real(dt, 2, 3),)),
     "take_along_dim": Sample(lambda x, i: torch.take_along_dim(x, i, 1),
                              lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False, dynamic=()),
-    # torch has rules for these from a later opset; the bridge covers the opsets below it where
-    # ONNX can express the op (tril/triu: Trilu needs 14, so none; the test checks the refusal)
-    "tril": Sample(lambda x: torch.tril(x, -1), lambda dt: (_real(dt, 3, 4),), min_opset=14),
-    "triu": Sample(lambda x: torch.triu(x, 1), lambda dt: (_real(dt, 3, 4),), min_opset=14),
+    # torch has rules for these from a later opset; below it the bridge lowers them: torch's
+    # decompositions of the op (tril/triu via a Range mask, not Trilu-14; einsum via MatMul,
+    # not Einsum-12; ...) or opforge's compositions (aten_lowerings).
+    "tril": Sample(lambda x: torch.tril(x, -1), lambda dt: (_real(dt, 3, 4),)),
+    "triu": Sample(lambda x: torch.triu(x, 1), lambda dt: (_real(dt, 3, 4),)),
     "tile": Sample(lambda x: torch.tile(x, (2, 3)), lambda dt: (_real(dt, 3, 4),)),
     "unflatten": Sample(lambda x: torch.unflatten(x, 1, (2, 2)), lambda dt: (_real(dt, 3, 4),)),
-    "celu": _unary(lambda x: torch.celu(x, 0.7), min_opset=12),
+    "celu": _unary(lambda x: torch.celu(x, 0.7)),
+    "einsum": Sample(lambda a, b: torch.einsum("bij,bkj->bik", a, b),
+                     lambda dt: (_real(dt, 2, 3, 4), _real(dt, 2, 5, 4, seed=4))),
+    "diagonal": Sample(lambda x: torch.diagonal(x, -1, 1, 2), lambda dt: (_real(dt, 2, 4, 3),),
+                       torch_rule_bugs=_bugs((17, 20), torch.float64, "Mismatched tensor element type")),
+    # torch's rule (12+) gives no mask output; the bridge (below 12) gives both
+    "native_dropout": Sample(lambda x: torch.native_dropout(x, 0.3, False)[0], lambda dt: (_edge(dt),)),
+    "scaled_dot_product_attention": Sample(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda dt: (_real(dt, 2, 2, 5, 4), _real(dt, 2, 2, 5, 4, seed=4), _real(dt, 2, 2, 5, 4, seed=5))),
+    "grid_sampler": Sample(lambda x, grid: F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros",
+                                                         align_corners=False),
+                           lambda dt: (_real(dt, 2, 3, 4, 5), _real(dt, 2, 3, 6, 2, lo=-1.2, hi=1.2, seed=4)),
+                           rtol=1e-4, atol=1e-5, ort_gaps=_gaps((16, 17, 18, 19), torch.float64)),
+    "scatter_reduce": Sample(lambda x, i, src: x.scatter_reduce(1, i, src, "sum"),
+                             lambda dt: (_real(dt, 3, 4), torch.tensor([[0, 1], [2, 2], [3, 0]]), _real(dt, 3, 2, seed=4)),
+                             dynamic=()),
+    "col2im": Sample(lambda x: F.fold(x, (5, 6), (3, 2), dilation=(1, 2), padding=(1, 1), stride=(2, 1)),
+                     lambda dt: (_with_edges(_real(dt, 2, 18, 18)),), ort_gaps=_gaps((18, 19, 20), torch.float64)),
+    "fake_quantize_per_channel_affine": Sample(
+        lambda x, scale, zero_point: torch.fake_quantize_per_channel_affine(x, scale, zero_point, 1, 0, 255),
+        lambda dt: (_real(dt, 3, 4, lo=-20, hi=40), torch.tensor([0.1, 0.25, 0.05, 0.2]),
+                    torch.tensor([0, 10, 128, 255], dtype=torch.int32)), dynamic=(),
+        torch_rule_bugs=_bugs((13, 17, 20), torch.float64, "QuantizeLinear")),
+    # real output only: the TorchScript exporter has no complex tensors
+    "stft": Sample(lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16, dtype=x.dtype),
+                                        return_complex=False),
+                   lambda dt: (_real(dt, 2, 64),), rtol=1e-4, atol=1e-4),
+    # Losses (nn.functional); nll_loss and nll_loss_nd are separate ATen ops (F.nll_loss records
+    # nll_loss_nd), torch has rules for both from opset 12
+    "nll_loss": Sample(lambda x, t, w: torch.ops.aten.nll_loss(x, t, w, 1, 2),
+                       lambda dt: (_real(dt, 4, 5), torch.tensor([0, 2, 4, 2]), _positive(dt, 5, seed=4))),
+    "nll_loss_nd": Sample(lambda x, t: F.nll_loss(x, t, ignore_index=1, reduction="sum"),
+                          lambda dt: (_real(dt, 2, 4, 3), torch.tensor([[0, 1, 3], [2, 1, 1]]))),
+    "cross_entropy_loss": Sample(lambda x, t: F.cross_entropy(x, t, ignore_index=2),
+                                 lambda dt: (_real(dt, 4, 5), torch.tensor([0, 2, 4, 1]))),
     # Losses (nn.functional)
     "l1_loss": Sample(F.l1_loss, lambda dt: (_real(dt, 3, 4), _real(dt, 3, 4, seed=4))),
     "huber_loss": Sample(lambda a, b: F.huber_loss(a, b, delta=0.7), lambda dt: (_real(dt, 3, 4), _real(dt, 3, 4, seed=4))),
@@ -161,7 +219,7 @@ SAMPLES: dict[str, Sample] = {
     "_upsample_bicubic2d_aa": Sample(
         lambda x: F.interpolate(x, scale_factor=0.5, mode="bicubic", antialias=True),
         lambda dt: (_real(dt, 1, 2, 8, 8),), dynamic=(), rtol=1e-4, atol=1e-5,
-        min_opset=18, ort_gaps=frozenset({(None, torch.float64)})),  # Resize antialias: opset 18; ORT: float only
+        ort_gaps=_RESIZE_AA_GAPS),
     "__lshift__": Sample(lambda x: x << 3, lambda dt: (torch.tensor([[0, 1, -2, 7], [100, -5, 3, 1]]),),
                          float_only=False),
     "__rshift__": Sample(lambda x: x >> 1, lambda dt: (torch.tensor([[0, 1, -2, 7], [100, -5, 3, 1]]),),
@@ -169,7 +227,7 @@ SAMPLES: dict[str, Sample] = {
     "_upsample_bilinear2d_aa": Sample(
         lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True),
         lambda dt: (_real(dt, 1, 2, 8, 8),), dynamic=(), rtol=1e-4, atol=1e-5,
-        min_opset=18, ort_gaps=frozenset({(None, torch.float64)})),  # Resize antialias: opset 18; ORT: float only
+        ort_gaps=_RESIZE_AA_GAPS),
 }
 
 #: User-facing ATen ops dynamo translates whose translation opforge does not bridge, and why.

@@ -1,0 +1,226 @@
+"""Compositions for opsets below the ONNX op that dynamo's translation of an ATen op needs.
+
+The bridge (:mod:`.aten_bridge`) tries torchlib's direct translation first, then torch's own
+decompositions of the op. Where all of them still need a newer ONNX op than the target opset
+has (ScatterElements with a reduction: 16; Col2Im: 18; per-axis QuantizeLinear: 13; Resize
+with antialias: 18), the op is rewritten here in torch ops that older opsets do have, and that
+rewrite goes through the same pipeline. They are used only at the opsets where nothing else
+lowers, and the round-trip tests hold each to torch's values.
+
+Each entry is a factory: ``factory(call) -> fn``, called eagerly (outside tracing) with the
+:class:`~.aten_bridge.Call`, so it can precompute constants from the call's static sizes;
+``fn`` takes the call's arguments like the ATen op does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def _error(call, why: str):
+    from .aten_bridge import BridgeError
+
+    return BridgeError(f"{call.overload}: {why}")
+
+
+# --------------------------------------------------------------------------------------------
+# col2im (nn.Fold): each kernel offset's block, spread out by the stride with zeros and
+# shifted by the offset, summed. Zeros are added, never multiplied, so inf and nan stay where
+# torch puts them (a one-hot ConvTranspose would turn 0 * inf into nan everywhere).
+
+
+def _col2im(call) -> Callable:
+    def fn(x, output_size, kernel_size, dilation, padding, stride):
+        unbatched = x.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(0)
+        (h, w), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = output_size, kernel_size, dilation, padding, stride
+        blocks_h = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        blocks_w = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        channels = x.shape[1] // (kh * kw)
+        x = x.reshape(-1, channels, kh, kw, blocks_h, blocks_w)
+        padded_h, padded_w = h + 2 * ph, w + 2 * pw
+        out = None
+        for i in range(kh):
+            for j in range(kw):
+                block = x[:, :, i, j, :, None, :, None]  # (n, c, blocks_h, 1, blocks_w, 1)
+                block = F.pad(block, (0, sw - 1, 0, 0, 0, sh - 1))  # stride gaps
+                block = block.reshape(-1, channels, blocks_h * sh, blocks_w * sw)
+                top, left = i * dh, j * dw
+                block = F.pad(block, (left, max(0, padded_w - left - blocks_w * sw),
+                                      top, max(0, padded_h - top - blocks_h * sh)))
+                block = block[:, :, :padded_h, :padded_w]
+                out = block if out is None else out + block
+        out = out[:, :, ph:ph + h, pw:pw + w]
+        return out.squeeze(0) if unbatched else out
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# scatter_reduce: a one-hot match of each index against the positions along `dim`, then a
+# plain reduction over the scattered elements. Memory is index.numel() x self.size(dim).
+# The bridge uses it at every opset it covers (see aten_bridge.CURATED): below 16 ONNX has no
+# ScatterElements reduction, and dynamo's translation is wrong for reduce="mean" (it scatters
+# without reducing), ignores include_self=False and needs index and src of one shape.
+
+
+def scatter_reduce_one_hot(self, dim, index, src, reduce, include_self=True):
+    """torch.Tensor.scatter_reduce in ops every opset has (see above)."""
+    dim = dim % max(self.dim(), 1)
+    size = self.shape[dim]
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    hit = index.unsqueeze(-1) == torch.arange(size, dtype=index.dtype)  # index.shape + (size,)
+    values = src.unsqueeze(-1)
+    if reduce == "sum" or reduce == "mean":
+        combined = torch.where(hit, values, torch.zeros((), dtype=src.dtype)).sum(dim)
+    elif reduce == "prod":
+        combined = torch.where(hit, values, torch.ones((), dtype=src.dtype)).prod(dim)
+    elif reduce in ("amax", "amin"):
+        low = -math.inf if src.dtype.is_floating_point else torch.iinfo(src.dtype).min
+        high = math.inf if src.dtype.is_floating_point else torch.iinfo(src.dtype).max
+        fill = torch.full((), low if reduce == "amax" else high, dtype=src.dtype)
+        masked = torch.where(hit, values, fill)
+        combined = masked.amax(dim) if reduce == "amax" else masked.amin(dim)
+    else:
+        raise ValueError(f"scatter_reduce: reduce must be sum, prod, mean, amax or amin, not {reduce!r}")
+    count = hit.sum(dim)
+    # (index.shape without dim) + (size,) -> self's layout, zero-padded where index is smaller.
+    combined, count = combined.movedim(-1, dim), count.movedim(-1, dim)
+    pads = []
+    for d in reversed(range(self.dim())):
+        pads += [0, self.shape[d] - combined.shape[d]]
+    combined, count = F.pad(combined, pads), F.pad(count, pads)
+    if reduce == "sum":
+        reduced = combined + self if include_self else combined
+    elif reduce == "prod":
+        reduced = combined * self if include_self else combined
+    elif reduce == "amax":
+        reduced = torch.maximum(combined, self) if include_self else combined
+    elif reduce == "amin":
+        reduced = torch.minimum(combined, self) if include_self else combined
+    else:  # mean: self counts as one more element when included
+        total = combined + self if include_self else combined
+        n = count + 1 if include_self else count
+        n = torch.where(n > 0, n, torch.ones((), dtype=n.dtype)).to(self.dtype)  # 0 only where unused
+        reduced = total / n if self.dtype.is_floating_point else torch.div(total, n, rounding_mode="floor")
+    return torch.where(count > 0, reduced, self)
+
+
+# --------------------------------------------------------------------------------------------
+# fake_quantize_per_channel_affine: torch's kernel, written out. Per-axis QuantizeLinear needs
+# opset 13; Round (11) rounds half to even like torch's nearbyint.
+
+
+def _fake_quantize_per_channel(call) -> Callable:
+    def fn(x, scale, zero_point, axis, quant_min, quant_max):
+        shape = [1] * x.dim()
+        shape[axis] = -1
+        scale = scale.reshape(shape).to(x.dtype)
+        zero_point = zero_point.reshape(shape).to(x.dtype)
+        q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, quant_min, quant_max)
+        return (q - zero_point) * scale
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Antialiased bilinear/bicubic resize: separable and linear, so it is two matrix products,
+# out = Wh @ x @ Ww^T. The matrices are torch's own weights, read off by running the op itself
+# on unit vectors (in float64, once, at export time). Needs a static height and width.
+
+
+def _antialiased(call) -> Callable:
+    x = call.args[0]
+    height, width = x.shape[-2:]
+    if height is None or width is None:
+        raise _error(call, "below opset 18 (Resize with antialias), opforge exports it as two matrix "
+                           "products, which need a static height and width; export with a static image size "
+                           "or at opset 18")
+    vec = call.overload.endswith(".vec")
+    if vec:
+        output_size, align_corners, scale_factors = call.args[1:4]
+        scales = tuple(scale_factors) if scale_factors is not None else (None, None)
+    else:
+        output_size, align_corners, scale_h, scale_w = call.args[1:5]
+        scales = (scale_h, scale_w)
+    op = call.op
+
+    def weights(n: int, axis: int) -> torch.Tensor:
+        # Unit vectors along one axis; size 2 along the other, at scale 1 (the identity). (Not
+        # size 1: torch's antialiased kernels give wrong values for a (n, 1, n, 1) input, whose
+        # strides also read as channels-last.)
+        basis = torch.eye(n, dtype=torch.float64)
+        basis = basis[:, None, :, None].expand(n, 1, n, 2) if axis == 0 else basis[:, None, None, :].expand(n, 1, 2, n)
+        basis = basis.contiguous()
+        if vec:
+            size = None if output_size is None else [output_size[0], 2] if axis == 0 else [2, output_size[1]]
+            factors = None if scale_factors is None else [scales[0], 1.0] if axis == 0 else [1.0, scales[1]]
+            out = op(basis, size, align_corners, factors)
+        else:
+            size = [output_size[0], 2] if axis == 0 else [2, output_size[1]]
+            out = op(basis, size, align_corners, scales[0] if axis == 0 else None,
+                     None if axis == 0 else scales[1])
+        out = out[:, 0, :, 0] if axis == 0 else out[:, 0, 0, :]  # (n, out_n)
+        return out.T.contiguous()  # (out_n, n)
+
+    weights_h, weights_w = weights(height, 0), weights(width, 1)
+
+    def fn(x, *args):
+        wh = weights_h.to(x.dtype)
+        ww = weights_w.to(x.dtype)
+        # Both products with the weights on the right (x @ W folds x to 2-D): a 2-D weight on
+        # the left would make torch.export pin the dynamic batch size.
+        rows = torch.matmul(x.transpose(-1, -2), wh.T).transpose(-1, -2)  # (..., out_h, w)
+        return torch.matmul(rows, ww.T)
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# stft (real output, return_complex=False): DFT is opset 17. Below, the frames are gathered
+# (positions from Range, so the signal length may vary) and multiplied by the cos/sin DFT
+# matrices (phases reduced exactly in integers, trig in float64).
+
+
+def _stft(call) -> Callable:
+    def fn(x, n_fft, hop_length=None, win_length=None, window=None, normalized=False, onesided=None,
+           return_complex=None, align_to_window=None):
+        if return_complex:
+            raise ValueError("stft: return_complex=True gives a complex tensor, which the TorchScript exporter "
+                             "cannot write; use return_complex=False")
+        if align_to_window:
+            raise ValueError("stft: align_to_window=True is not supported below opset 17")
+        hop = hop_length or n_fft // 4
+        win = win_length or n_fft
+        n_frames = 1 + (x.shape[-1] - n_fft) // hop
+        positions = torch.arange(n_frames)[:, None] * hop + torch.arange(n_fft)[None, :]
+        frames = torch.index_select(x, -1, positions.reshape(-1)).reshape(*x.shape[:-1], n_frames, n_fft)
+        if window is not None or win < n_fft:
+            w = window if window is not None else torch.ones(win, dtype=x.dtype)
+            left = (n_fft - win) // 2
+            frames = frames * F.pad(w, (left, n_fft - win - left))
+        n_freq = n_fft // 2 + 1 if onesided is None or onesided else n_fft
+        jk = torch.arange(n_fft, dtype=torch.int64)[:, None] * torch.arange(n_freq, dtype=torch.int64)[None, :]
+        angle = (jk % n_fft).to(torch.float64) * (2 * math.pi / n_fft)
+        cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+        real = torch.matmul(frames, cos)
+        imag = -torch.matmul(frames, sin)
+        out = torch.stack([real, imag], -1).transpose(-2, -3)  # (..., n_freq, n_frames, 2)
+        return out * (n_fft ** -0.5) if normalized else out
+
+    return fn
+
+
+#: ATen op name -> factory(call) -> fn, for opsets below the newer ONNX op dynamo needs.
+LOWERINGS: dict[str, Callable] = {
+    "col2im": _col2im,
+    "fake_quantize_per_channel_affine": _fake_quantize_per_channel,
+    "_upsample_bilinear2d_aa": _antialiased,
+    "_upsample_bicubic2d_aa": _antialiased,
+    "stft": _stft,
+}

@@ -1,0 +1,213 @@
+"""The ATen bridge below the opset of the ONNX op dynamo's translation needs: torch's
+decompositions, opforge's compositions (aten_lowerings), and the node adapters they rely on.
+Each is run in ONNX Runtime against torch (the per-op samples are in test_aten_bridge)."""
+
+import io
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opforge  # noqa: F401  (registers the bridge)
+from opforge.symbolics import aten_bridge, aten_lowerings
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _run(fn, inputs, opset, dynamic_batch=False):
+    names = [f"in{k}" for k in range(len(inputs))]
+    f = io.BytesIO()
+    axes = {names[0]: {0: "batch"}} if dynamic_batch else None
+    torch.onnx.export(Lambda(fn), tuple(inputs), f, dynamo=False, opset_version=opset, input_names=names,
+                      dynamic_axes=axes)
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(o) for o in session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})]
+
+
+# ---- scatter_reduce: opforge's one-hot composition (dynamo's translation is wrong for mean) ----
+
+SCATTER_CASES = [(reduce, include_self) for reduce in ("sum", "prod", "mean", "amax", "amin")
+                 for include_self in (True, False)]
+
+
+@pytest.mark.parametrize("reduce,include_self", SCATTER_CASES, ids=[f"{r}-self{s}" for r, s in SCATTER_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=["float32", "int64"])
+def test_scatter_reduce_composition_matches_torch_eagerly(reduce, include_self, dtype):
+    # Duplicate indices, untouched positions, and an index smaller than src in every dim.
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 5, 3, generator=g) * 10).to(dtype)
+    src = (torch.randn(3, 4, 3, generator=g) * 10).to(dtype)
+    index = torch.tensor([[[0, 1, 1], [4, 4, 0], [1, 1, 1]], [[2, 2, 2], [0, 3, 0], [4, 1, 1]]])
+    for dim in (1, -2):
+        expected = x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+        got = aten_lowerings.scatter_reduce_one_hot(x, dim, index, src, reduce, include_self)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("reduce,include_self", [("mean", True), ("mean", False), ("amax", False), ("prod", True)])
+def test_scatter_reduce_below_opset_16_in_ort(opset, reduce, include_self):
+    x = torch.randn(3, 5)
+    index = torch.tensor([[0, 4, 4], [1, 1, 2]])
+    src = torch.randn(2, 4)  # larger than index: only its leading block is scattered
+    fn = lambda a, i, s: a.scatter_reduce(1, i, s, reduce, include_self=include_self)
+    (got,) = _run(fn, (x, index, src), opset)
+    torch.testing.assert_close(got, fn(x, index, src), rtol=1e-5, atol=1e-6)
+
+
+# ---- antialiased resize below opset 18: two MatMuls with torch's own weights ----------------
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("opset", [11, 17])
+def test_antialiased_resize_by_size_below_opset_18(mode, opset):
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64)
+    fn = lambda a: F.interpolate(a, size=(4, 5), mode=mode, antialias=True, align_corners=True)
+    (got,) = _run(fn, (x,), opset, dynamic_batch=True)
+    torch.testing.assert_close(got, fn(x), rtol=1e-9, atol=1e-9)
+    bigger = torch.randn(5, 3, 9, 7, dtype=torch.float64)  # another batch: only H and W are fixed
+    torch.testing.assert_close(_run(fn, (bigger,), opset, dynamic_batch=True)[0], fn(bigger), rtol=1e-9, atol=1e-9)
+
+
+def test_antialiased_resize_with_a_dynamic_image_size_is_refused_below_18():
+    f = io.BytesIO()
+    fn = Lambda(lambda a: F.interpolate(a, scale_factor=0.5, mode="bilinear", antialias=True))
+    with pytest.raises(torch.onnx.errors.SymbolicValueError, match="static height and width"):
+        torch.onnx.export(fn, (torch.randn(1, 2, 8, 8),), f, dynamo=False, opset_version=17, input_names=["x"],
+                          dynamic_axes={"x": {2: "h", 3: "w"}})
+
+
+# ---- torch's decompositions, at opset 11 ------------------------------------------------------
+
+GRID_CASES = [("bilinear", "zeros", False), ("nearest", "border", True), ("bilinear", "reflection", True),
+              ("bicubic", "zeros", False)]
+
+
+@pytest.mark.parametrize("mode,padding,align", GRID_CASES, ids=["-".join(map(str, c)) for c in GRID_CASES])
+def test_grid_sample_modes_at_opset_11(mode, padding, align):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, 6, generator=g)
+    grid = torch.rand(2, 4, 3, 2, generator=g) * 2.4 - 1.2  # some points outside the image
+    fn = lambda a, b: F.grid_sample(a, b, mode=mode, padding_mode=padding, align_corners=align)
+    (got,) = _run(fn, (x, grid), 11)
+    torch.testing.assert_close(got, fn(x, grid), rtol=1e-4, atol=1e-5)
+
+
+def test_cross_entropy_with_label_smoothing_and_weights_at_opset_11():
+    # torch's own rule (12+) refuses label_smoothing; below 12 the bridge takes it.
+    x, t, w = torch.randn(4, 5), torch.tensor([0, 2, 4, 1]), torch.rand(5) + 0.5
+    fn = lambda a, b, c: F.cross_entropy(a, b, weight=c, label_smoothing=0.2)
+    (got,) = _run(fn, (x, t, w), 11)
+    torch.testing.assert_close(got, fn(x, t, w), rtol=1e-5, atol=1e-6)
+
+
+def test_native_dropout_in_training_at_opset_11():
+    # Random, so its properties: kept values are x / (1 - p), the mask says which, about 1 - p kept.
+    x = torch.rand(200, 100) + 1.0
+    out, mask = _run(lambda a: torch.native_dropout(a, 0.25, True), (x,), 11)
+    assert mask.dtype == torch.bool
+    torch.testing.assert_close(out[mask], x[mask] / 0.75)
+    assert (out[~mask] == 0).all()
+    assert 0.72 < mask.float().mean().item() < 0.78
+
+
+def test_einsum_equations_at_opset_11():
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    for equation, args in [("bij,bjk->bik", (a, b)), ("bij->bji", (a,)), ("bij,bij->b", (a, a)), ("ii->i", (a[0, :3, :3],))]:
+        fn = lambda *t, e=equation: torch.einsum(e, *t)
+        (got,) = _run(fn, args, 11)
+        torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_stft_below_opset_17_with_a_dynamic_signal_length():
+    # Frames come from Range over the runtime length: one export serves every length.
+    fn = lambda a: torch.stft(a, 32, hop_length=8, win_length=24, normalized=True, onesided=False,
+                              return_complex=False)
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), (torch.randn(3, 100),), f, dynamo=False, opset_version=11, input_names=["x"],
+                      dynamic_axes={"x": {0: "batch", 1: "length"}})
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for shape in [(3, 100), (1, 257)]:
+        x = torch.randn(*shape)
+        (got,) = session.run(None, {"x": x.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), fn(x), rtol=1e-4, atol=1e-4)
+
+
+# ---- node adapters: same values as the newer ONNX op -------------------------------------------
+
+def _lowered_model(op_type, attrs, x_type, shape, opset):
+    x = onnx.helper.make_tensor_value_info("x", x_type, shape)
+    y = onnx.helper.make_tensor_value_info("y", x_type, None)
+    inputs = ["x", "x2"] if op_type in ("Max", "Min") else ["x"]
+    extra = [onnx.helper.make_tensor_value_info("x2", x_type, shape)] if len(inputs) == 2 else []
+    node = onnx.helper.make_node(op_type, inputs, ["y"], **attrs)
+    source = onnx.helper.make_model(onnx.helper.make_graph([node], "g", [x, *extra], [y]),
+                                    opset_imports=[onnx.helper.make_opsetid("", aten_bridge.SOURCE_OPSET)])
+    source = onnx.shape_inference.infer_shapes(source)
+    nodes = aten_bridge._Downgrade(aten_bridge._Graph(source), opset, "test").run()
+    protos = [onnx.helper.make_node(n.op_type, n.inputs, n.outputs, **n.attrs) for n in nodes]
+    target = onnx.helper.make_model(onnx.helper.make_graph(protos, "g", [x, *extra], [y]),
+                                    opset_imports=[onnx.helper.make_opsetid("", opset)])
+    return target
+
+
+@pytest.mark.parametrize("op_type,ref", [("Softmax", torch.softmax), ("LogSoftmax", torch.log_softmax)])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_below_13_normalises_over_one_axis_only(op_type, ref, axis):
+    # Softmax-11 flattens at `axis`; the adapter keeps opset 13's one-axis meaning.
+    model = _lowered_model(op_type, {"axis": axis}, onnx.TensorProto.FLOAT, [2, 3, 4], 11)
+    x = torch.randn(2, 3, 4)
+    (got,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), ref(x, axis))
+
+
+@pytest.mark.parametrize("op_type,ref", [("Max", torch.maximum), ("Min", torch.minimum)])
+def test_integer_max_min_below_12(op_type, ref):
+    model = _lowered_model(op_type, {}, onnx.TensorProto.INT64, [2, 3], 11)
+    a, b = torch.tensor([[5, -3, 7], [0, 2**40, -1]]), torch.tensor([[4, -2, 7], [1, 3, -2**40]])
+    (got,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": a.numpy(), "x2": b.numpy()})
+    assert got.tolist() == ref(a, b).tolist()
+
+
+# ---- bitwise ops: bool tensors at every opset, integers from 18 ------------------------------
+
+@pytest.mark.parametrize("opset", [9, 11, 17, 18, 20])
+def test_bitwise_on_bool_tensors_at_every_opset(opset):
+    a = torch.tensor([True, False, True, False])
+    b = torch.tensor([True, True, False, False])
+    fn = lambda x, y: (torch.bitwise_and(x, y), torch.bitwise_xor(x, y))
+    got = _run(fn, (a, b), opset)
+    assert [g.tolist() for g in got] == [e.tolist() for e in fn(a, b)]
+
+
+def test_bitwise_on_integers_below_18_names_the_op_dtype_and_opset():
+    f = io.BytesIO()
+    with pytest.raises(torch.onnx.errors.SymbolicValueError) as info:
+        torch.onnx.export(Lambda(torch.bitwise_and), (torch.tensor([5, 3]), torch.tensor([3, 6])), f,
+                          dynamo=False, opset_version=17)
+    assert "aten::bitwise_and on Long tensors at opset 17" in str(info.value) and "opset 18" in str(info.value)
+    (got,) = _run(torch.bitwise_and, (torch.tensor([5, 3, -1]), torch.tensor([3, 6, 7])), 18)  # torch's rule
+    assert got.tolist() == [1, 2, 7]
+
+
+def test_col2im_keeps_inf_and_nan_where_torch_puts_them():
+    # The composition adds zeros, never multiplies by them (a one-hot ConvTranspose would
+    # spread 0 * inf = nan over the whole output).
+    x = torch.randn(1, 12, 12)
+    x[0, 0, 0], x[0, 5, 7] = math.inf, math.nan
+    fn = lambda a: F.fold(a, (4, 5), (2, 2))
+    (got,) = _run(fn, (x,), 11)
+    expected = fn(x)
+    assert torch.isnan(got).sum() == torch.isnan(expected).sum() < got.numel() // 2
+    torch.testing.assert_close(got, expected, equal_nan=True)
