@@ -143,6 +143,23 @@ def test_stft_below_opset_17_with_a_dynamic_signal_length():
         torch.testing.assert_close(torch.from_numpy(got), fn(x), rtol=1e-4, atol=1e-4)
 
 
+def test_per_channel_fake_quantize_below_13_is_not_written_as_per_tensor_quantize_linear():
+    # QuantizeLinear before 13 is per-tensor: with axis dropped as a "default" ORT happens to run
+    # it, but the model is not valid ONNX. Below 13 opforge's Round-based composition is used.
+    x = torch.randn(3, 4) * 10
+    scale, zero_point = torch.tensor([0.1, 0.25, 0.05, 0.2]), torch.tensor([0, 10, 128, 255], dtype=torch.int32)
+    fn = lambda a, s, z: torch.fake_quantize_per_channel_affine(a, s, z, 1, 0, 255)
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), (x, scale, zero_point), f, dynamo=False, opset_version=12)
+    model = onnx.load_from_string(f.getvalue())
+    assert "QuantizeLinear" not in {n.op_type for n in model.graph.node}
+    onnx.checker.check_model(model, full_check=True)
+    (got,) = _run(fn, (x, scale, zero_point), 12)
+    torch.testing.assert_close(got, fn(x, scale, zero_point))
+    with pytest.raises(torch.onnx.errors.SymbolicValueError, match="per channel.*opset 13"):
+        torch.onnx.export(Lambda(fn), (x, scale, zero_point), io.BytesIO(), dynamo=False, opset_version=10)
+
+
 # ---- node adapters: same values as the newer ONNX op -------------------------------------------
 
 def _lowered_model(op_type, attrs, x_type, shape, opset):
@@ -211,3 +228,100 @@ def test_col2im_keeps_inf_and_nan_where_torch_puts_them():
     expected = fn(x)
     assert torch.isnan(got).sum() == torch.isnan(expected).sum() < got.numel() // 2
     torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+# ---- where torch has a rule: torch's first, the bridge for the calls it refuses ---------------
+
+def _op_types(fn, inputs, opset):
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), tuple(inputs), f, dynamo=False, opset_version=opset)
+    return {n.op_type for n in onnx.load_from_string(f.getvalue()).graph.node}
+
+
+@pytest.mark.parametrize("opset", [12, 17, 20])
+def test_cross_entropy_label_smoothing_that_torchs_rule_refuses_goes_to_the_bridge(opset):
+    x, t = torch.randn(4, 5), torch.tensor([0, 2, 4, 1])
+    plain = lambda a, b: F.cross_entropy(a, b)
+    assert _op_types(plain, (x, t), opset) == {"SoftmaxCrossEntropyLoss"}  # torch's own rule still runs first
+    smoothed = lambda a, b: F.cross_entropy(a, b, label_smoothing=0.1)
+    assert "LogSoftmax" in _op_types(smoothed, (x, t), opset)  # opforge's composition: the smoothing term
+    (got,) = _run(smoothed, (x, t), opset)
+    torch.testing.assert_close(got, smoothed(x, t), rtol=1e-5, atol=1e-6)
+    # class probabilities, weights, no reduction
+    p, w = torch.softmax(torch.randn(4, 5), 1), torch.rand(5) + 0.5
+    soft = lambda a, b, c: F.cross_entropy(a, b, weight=c, reduction="none", label_smoothing=0.3)
+    (got,) = _run(soft, (x, p, w), opset)
+    torch.testing.assert_close(got, soft(x, p, w), rtol=1e-5, atol=1e-6)
+
+
+def test_cross_entropy_composition_matches_torch_eagerly():
+    # label smoothing, ignore_index, weights, class probabilities, each reduction, 1-D to 3-D
+    g = torch.Generator().manual_seed(0)
+    for shape, target in [((4, 5), torch.tensor([0, 2, 4, 1])), ((2, 5, 3), torch.tensor([[0, 2, 4], [1, 2, 2]])),
+                          ((5,), torch.tensor(3))]:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64)
+        probabilities = torch.softmax(torch.randn(*shape, generator=g, dtype=torch.float64), 0 if len(shape) == 1 else 1)
+        weight = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+        for reduction, name in enumerate(("none", "mean", "sum")):
+            for w in (None, weight):
+                for smoothing in (0.0, 0.2):
+                    for t, ignore in ((target, 2), (probabilities, -100)):
+                        expected = F.cross_entropy(x, t, weight=w, reduction=name, ignore_index=ignore,
+                                                   label_smoothing=smoothing)
+                        got = aten_lowerings.cross_entropy_one_hot_smoothing(x, t, w, reduction, ignore, smoothing)
+                        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("opset", [16, 18, 20])
+@pytest.mark.parametrize("reduce,include_self", [("mean", True), ("amax", False), ("sum", False)])
+def test_scatter_reduce_arguments_torchs_rule_refuses_go_to_the_bridge(opset, reduce, include_self):
+    x, index, src = torch.randn(3, 5), torch.tensor([[0, 4, 4, 1], [1, 1, 2, 2], [3, 3, 3, 0]]), torch.randn(3, 4)
+    fn = lambda a, i, s: a.scatter_reduce(1, i, s, reduce, include_self=include_self)
+    (got,) = _run(fn, (x, index, src), opset)
+    torch.testing.assert_close(got, fn(x, index, src), rtol=1e-5, atol=1e-6)
+
+
+def test_wrapped_torch_rules_are_still_torchs():
+    from opforge.symbolics import aten_rules
+
+    registry = aten_rules._torch_registry()
+    fn = registry.get_function_group("aten::cross_entropy_loss").get(17)
+    assert getattr(fn, "opforge_bridge_fallback", False) and fn.__wrapped__.__module__.startswith("torch.onnx")
+    assert aten_rules.has_torch_rule("cross_entropy_loss", 17) and not aten_rules.has_torch_rule("cross_entropy_loss", 11)
+    assert aten_rules.torch_rule("cross_entropy_loss", 17) is fn.__wrapped__
+
+
+@pytest.mark.parametrize("opset", [13, 17, 20])
+def test_float64_calls_torchs_rules_write_invalid_models_for_go_to_the_bridge(opset):
+    # torch's diagonal (If branches of two types) and per-channel fake quantize (QuantizeLinear
+    # takes no double) give models ORT rejects for float64.
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    fn = lambda a: torch.diagonal(a, -1, 1, 2)
+    torch.testing.assert_close(_run(fn, (x,), opset)[0], fn(x))
+    y, scale = torch.randn(3, 4, dtype=torch.float64) * 10, torch.tensor([0.1, 0.25, 0.05, 0.2])
+    zero_point = torch.tensor([0, 10, 128, 255], dtype=torch.int32)
+    fq = lambda a, s, z: torch.fake_quantize_per_channel_affine(a, s, z, 1, 0, 255)
+    torch.testing.assert_close(_run(fq, (y, scale, zero_point), opset)[0], fq(y, scale, zero_point))
+
+
+def test_when_torchs_rule_and_the_bridge_both_refuse_the_error_is_torchs_with_the_bridges_reason():
+    from torch.onnx import errors
+    from opforge.symbolics import aten_rules
+
+    def refusing_rule(g, *args):
+        g.op("Identity", args[0])  # a node written before refusing must not stay in the graph
+        raise errors.SymbolicValueError("torch's rule refuses this call", args[0])
+
+    torch.onnx.register_custom_op_symbolic("aten::tril", aten_bridge.torch_rule_then_bridge("tril", refusing_rule), 17)
+    try:
+        # The diagonal comes from the input's shape: a graph value, which the bridge cannot take.
+        model = Lambda(lambda a: torch.tril(a, a.shape[1] - 3))
+        with pytest.raises(errors.SymbolicValueError) as info:
+            torch.onnx.export(model, (torch.randn(3, 4),), io.BytesIO(), dynamo=False, opset_version=17,
+                              input_names=["x"], dynamic_axes={"x": {1: "n"}})
+        text = str(info.value)
+        assert "torch's rule refuses this call (and opforge's ATen bridge cannot export it either" in text
+        assert "aten::tril" in text and "computed at run time" in text
+    finally:
+        torch.onnx.register_custom_op_symbolic(
+            "aten::tril", aten_bridge.torch_rule_then_bridge("tril", aten_rules.torch_rule("tril", 17)), 17)

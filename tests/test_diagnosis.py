@@ -34,8 +34,11 @@ def test_classify_follows_the_flowchart():
     assert later.way == "symbolic" and "raise the opset to 18" in later.advice
     custom = classify("mylib::fancy", 17)
     assert (custom.is_aten, custom.onnx_equivalent, custom.way) == (False, None, "custom op")
-    unruled_equivalent = classify("aten::celu", 11)  # torch has Celu from 12: at 11 the advice is the opset
-    assert unruled_equivalent.way == "symbolic" and "opset 12" in unruled_equivalent.advice
+    lowered = classify("aten::celu", 11)  # torch has Celu from 12; at 11 opforge's bridge lowers it
+    assert lowered.way == "symbolic" and "ATen bridge" in lowered.onnx_equivalent
+    assert "raise the opset" not in lowered.advice
+    too_old = classify("aten::logcumsumexp", 10)  # CumSum is opset 11: the advice is the opset
+    assert too_old.way == "symbolic" and "raise the opset to 11" in too_old.advice
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

@@ -315,6 +315,7 @@ CURATED: dict[str, Callable] = {
     "fmax": _fmax,
     "fmin": _fmin,
     "scatter_reduce": aten_lowerings.scatter_reduce_one_hot,
+    "cross_entropy_loss": aten_lowerings.cross_entropy_one_hot_smoothing,
 }
 
 
@@ -386,10 +387,28 @@ def _decompose(call: Call, program, form: Form):
     return program
 
 
-@functools.lru_cache(maxsize=512)
 def translate(call: Call, form: Form = Form.DIRECT) -> onnx.ModelProto:
     """The dynamo exporter's ONNX graph for ``call`` in ``form`` (opset 18, functions inlined,
-    shapes inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot."""
+    shapes inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot.
+    Cached per (call, form), failures too: a refusal is asked again at every lower opset."""
+    result = _translate_cached(call, form)
+    if isinstance(result, BridgeError):
+        raise BridgeError(str(result))
+    return result
+
+
+@functools.lru_cache(maxsize=1024)
+def _translate_cached(call: Call, form: Form):
+    try:
+        return _translate(call, form)
+    except BridgeError as exc:
+        return exc
+
+
+translate.cache_info = _translate_cached.cache_info
+
+
+def _translate(call: Call, form: Form) -> onnx.ModelProto:
     from onnxscript import ir
     from onnxscript import optimizer
     from onnxscript.ir.passes import common as passes
@@ -632,7 +651,23 @@ class _Downgrade:
     def run(self) -> list[Node]:
         for node in self.g.nodes:
             self.convert(node)
+        if self.opset < 11:
+            for node in self.out:
+                self.non_negative_axes(node)
         return self.out
+
+    def non_negative_axes(self, node: Node) -> None:
+        # Negative axis/axes attributes are ONNX from opset 11 on; below, count from the front.
+        for attr in ("axis", "axes"):
+            value = node.attrs.get(attr)
+            values = value if isinstance(value, list) else [value]
+            if value is None or all(v >= 0 for v in values):
+                continue
+            shape = self.g.shapes.get(node.outputs[0] if node.op_type == "Unsqueeze" else node.inputs[0])
+            if shape is None:
+                self.refuse(node, f"with a negative {attr} on a tensor of unknown rank, which needs opset 11")
+            fixed = [v % len(shape) for v in values]
+            node.attrs[attr] = fixed if isinstance(value, list) else fixed[0]
 
     def convert(self, node: Node) -> None:
         if node.op_type == "Constant":
@@ -727,6 +762,9 @@ def _cast_like(d: _Downgrade, node: Node) -> bool:
 def _compare_or_equal(strict: str):
     # GreaterOrEqual/LessOrEqual (opset 12): Or(Greater, Equal) is false for NaN, like them.
     def adapt(d: _Downgrade, node: Node) -> bool:
+        equal = _schema("Equal", d.opset)
+        if not all(_type_allowed(equal, i, d.g.types.get(x)) for i, x in enumerate(node.inputs)):
+            d.refuse(node, f"which needs Equal, whose opset-{equal.since_version} version does not take this type")
         a, b = d.new_name(), d.new_name()
         d.out.append(Node(strict, node.inputs, {}, [a]))
         d.out.append(Node("Equal", node.inputs, {}, [b]))
@@ -839,6 +877,19 @@ def _softmax(d: _Downgrade, node: Node, target) -> bool:
     return True
 
 
+def _quantize_linear(d: _Downgrade, node: Node, target) -> bool:
+    # Before opset 13 (Quantize|Dequantize)Linear is per-tensor only and has no `axis`: dropping
+    # axis as a default would silently apply a per-channel scale the wrong way. Scalars only.
+    if target.since_version >= 13:
+        return False
+    for i in node.inputs[1:3]:
+        shape = d.g.shapes.get(i) if i else []
+        if shape is None or any(s != 1 for s in shape):
+            d.refuse(node, f"per channel, which its opset-{target.since_version} version cannot do (per-tensor "
+                           "only until opset 13)")
+    return False  # scalars: the usual compatibility checks apply
+
+
 _REDUCE_18 = ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 _ADAPTERS: dict[str, Callable] = {
@@ -853,6 +904,8 @@ _ADAPTERS: dict[str, Callable] = {
     "Reshape": _reshape,
     "Max": _max_min("Greater"),
     "Min": _max_min("Less"),
+    "QuantizeLinear": _quantize_linear,
+    "DequantizeLinear": _quantize_linear,
     "Softmax": _softmax,
     "LogSoftmax": _softmax,
     "Hardmax": _softmax,
@@ -892,6 +945,38 @@ _MISSING_ADAPTERS: dict[str, Callable] = {
 }
 
 
+def _check_valid(graph: _Graph, nodes: list, opset: int, op_name: str) -> None:
+    # The lowered nodes as an ONNX model of their own, through ONNX's type and shape inference
+    # (strict) and its checker at the target opset: an adapter's slip (a type an older op does
+    # not take, an attribute it lacks) is a refusal here, not an invalid model later.
+    def value_info(name):
+        return onnx.helper.make_tensor_value_info(name, graph.types.get(name, 0), graph.shapes.get(name))
+
+    def attr(v):
+        return onnx.numpy_helper.from_array(np.array(v, copy=True, order="C")) if isinstance(v, np.ndarray) else v
+
+    protos = []
+    for n in nodes:
+        proto = onnx.helper.make_node(n.op_type, n.inputs, n.outputs,
+                                      **{k: attr(v) for k, v in n.attrs.items() if not (isinstance(v, list) and not v)})
+        for k, v in n.attrs.items():
+            if isinstance(v, list) and not v:  # an empty list has no element to tell its type: ints
+                proto.attribute.append(onnx.helper.make_attribute(k, [], attr_type=onnx.AttributeProto.INTS))
+        protos.append(proto)
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(protos, "bridged", [value_info(i) for i in graph.inputs],
+                               [value_info(o) for o in graph.outputs]),
+        opset_imports=[onnx.helper.make_opsetid("", opset)])
+    for output in model.graph.output:
+        output.type.tensor_type.shape.SetInParent()  # the checker wants a shape field; values unchecked
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BridgeError(f"{op_name} at opset {opset}: the lowered graph is not valid ONNX there ({first})") from None
+
+
 @functools.lru_cache(maxsize=1024)
 def lowered(call: Call, opset: int) -> tuple:
     """``(inputs, nodes, outputs, types)`` of ``call`` at ``opset``; BridgeError if ONNX cannot
@@ -904,6 +989,7 @@ def lowered(call: Call, opset: int) -> tuple:
         try:
             graph = _Graph(translate(call, form))
             nodes = _Downgrade(graph, opset, call.overload).run()
+            _check_valid(graph, nodes, opset, call.overload)
             types = {n: (t, graph.shapes.get(n)) for n, t in graph.types.items()}
             return graph.inputs, nodes, graph.outputs, types
         except BridgeError as exc:
@@ -1002,6 +1088,56 @@ def symbolic(g, *args):
 
         raise errors.SymbolicValueError(f"opforge's ATen bridge cannot export {node.kind()}: {exc}",
                                         node.output()) from None
+
+
+def _scalar_type(v) -> Optional[str]:
+    t = v.type()
+    return t.scalarType() if t.kind() == "TensorType" else None
+
+
+#: Inputs for which torch's own rule writes a model ONNX Runtime rejects (measured: the If
+#: branches of its diagonal disagree on float64; its per-channel QuantizeLinear takes no
+#: float64): the bridge handles those calls instead.
+_TORCH_RULE_INVALID_FOR: dict[str, Callable] = {
+    "diagonal": lambda args: _scalar_type(args[0]) == "Double",
+    "fake_quantize_per_channel_affine": lambda args: _scalar_type(args[0]) == "Double",
+}
+
+
+def torch_rule_then_bridge(name: str, torch_rule: Callable) -> Callable:
+    """At an opset where torch has its own rule for ``aten::<name>``: torch's rule, always first;
+    the bridge only where torch's rule refuses the call's arguments (cross_entropy's
+    label_smoothing, scatter_reduce's mean and include_self=False, ...), leaves an output the
+    model uses unwritten (native_dropout's mask), or is known to write an invalid model."""
+
+    @functools.wraps(torch_rule)
+    def symbolic_with_bridge(g, *args, **kwargs):
+        from torch.onnx import errors
+
+        invalid = _TORCH_RULE_INVALID_FOR.get(name)
+        if invalid is not None and invalid(args):
+            return symbolic(g, *args)
+        written = len(list(g.graph.nodes()))
+        try:
+            result = torch_rule(g, *args, **kwargs)
+        except errors.OnnxExporterError as exc:
+            # torch's rule may have written nodes before it refused: they would stay in the model.
+            for node in reversed(list(g.graph.nodes())[written:]):
+                node.destroy()
+            try:
+                return symbolic(g, *args)
+            except errors.SymbolicValueError as bridge_exc:
+                reason = str(bridge_exc).split("  [Caused")[0].removeprefix("opforge's ATen bridge cannot export ")
+                raise errors.SymbolicValueError(f"{str(exc).split('  [Caused')[0]} (and opforge's ATen bridge cannot "
+                                                f"export it either: {reason})", g.original_node.output()) from None
+        outputs = list(g.original_node.outputs())
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if len(outputs) > 1 and any(r is None and o.uses() for r, o in zip(results, outputs)):
+            return symbolic(g, *args)
+        return result
+
+    symbolic_with_bridge.opforge_bridge_fallback = True
+    return symbolic_with_bridge
 
 
 def register(names: Sequence[str], opsets: Sequence[int], skip: Callable[[str, int], bool]) -> None:

@@ -112,6 +112,46 @@ def scatter_reduce_one_hot(self, dim, index, src, reduce, include_self=True):
 
 
 # --------------------------------------------------------------------------------------------
+# cross_entropy with label smoothing or class probabilities. dynamo's translation writes ONNX
+# SoftmaxCrossEntropyLoss and drops label_smoothing (a silent wrong answer, measured on torch
+# 2.14), so the bridge uses it (see aten_bridge.CURATED): log_softmax, then the loss written
+# out, label smoothing as torch defines it (the uniform share weighted like the targets).
+
+
+def cross_entropy_one_hot_smoothing(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy (reduction: 0 none, 1 mean, 2 sum)."""
+    if label_smoothing == 0.0 and not target.is_floating_point():
+        return torch.ops.aten.cross_entropy_loss(x, target, weight, reduction, ignore_index, 0.0)
+    class_dim = 0 if x.dim() == 1 else 1
+    n_classes = x.shape[class_dim]
+    logp = torch.log_softmax(x, class_dim)
+    shape = [1] * x.dim()
+    shape[class_dim] = n_classes
+    w = weight.reshape(shape) if weight is not None else None
+    weighted = logp * w if w is not None else logp
+    if target.is_floating_point():  # class probabilities
+        if label_smoothing:
+            target = target * (1 - label_smoothing) + label_smoothing / n_classes
+        loss = -(weighted * target).sum(class_dim)
+        if reduction == 1:
+            return loss.sum() / (x.numel() // n_classes) if x.dim() > 1 else loss
+        return loss.sum() if reduction == 2 else loss
+    nll = F.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=("none", "mean", "sum")[reduction])
+    ignored = target == ignore_index
+    smooth = torch.where(ignored, torch.zeros((), dtype=x.dtype), -weighted.sum(class_dim))
+    if reduction == 1:
+        if w is not None:
+            safe = torch.where(ignored, torch.zeros((), dtype=target.dtype), target)
+            denominator = torch.where(ignored, torch.zeros((), dtype=x.dtype), weight[safe]).sum()
+        else:
+            denominator = (~ignored).sum().to(x.dtype)
+        smooth = smooth.sum() / denominator
+    elif reduction == 2:
+        smooth = smooth.sum()
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / n_classes)
+
+
+# --------------------------------------------------------------------------------------------
 # fake_quantize_per_channel_affine: torch's kernel, written out. Per-axis QuantizeLinear needs
 # opset 13; Round (11) rounds half to even like torch's nearbyint.
 

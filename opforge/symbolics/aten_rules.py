@@ -134,8 +134,15 @@ def register_all() -> None:
     from . import aten_bridge, aten_samples
 
     ruled = {r.aten for r in RULES}
-    aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS,
-                         skip=lambda name, opset: has_torch_rule(name, opset))
+    bridged = sorted(set(aten_samples.SAMPLES) - ruled)
+    aten_bridge.register(bridged, TORCHSCRIPT_OPSETS, skip=lambda name, opset: has_torch_rule(name, opset))
+    # Where torch has a rule, it stays the rule; the bridge only takes the calls it refuses.
+    for name in bridged:
+        for opset in TORCHSCRIPT_OPSETS:
+            fn = torch_rule(name, opset)
+            if fn is not None and not getattr(fn, "opforge_bridge_fallback", False):
+                torch.onnx.register_custom_op_symbolic(f"aten::{name}", aten_bridge.torch_rule_then_bridge(name, fn),
+                                                       opset)
 
 
 def _torch_registry():
@@ -146,13 +153,21 @@ def _torch_registry():
     return registration.registry
 
 
+def torch_rule(aten: str, opset: int) -> Callable | None:
+    """torch's own TorchScript symbolic for ``aten::<aten>`` at ``opset`` (not opforge's; seen
+    through opforge's torch-rule-then-bridge wrapper), or None."""
+    group = _torch_registry().get_function_group(f"aten::{aten}")
+    fn = group.get(opset) if group is not None else None
+    while fn is not None and getattr(fn, "opforge_bridge_fallback", False):
+        fn = fn.__wrapped__
+    if fn is None or getattr(fn, "__module__", "").startswith("opforge."):
+        return None
+    return fn
+
+
 def has_torch_rule(aten: str, opset: int) -> bool:
     """Whether torch itself (not opforge) has a TorchScript symbolic for ``aten::<aten>`` at ``opset``."""
-    group = _torch_registry().get_function_group(f"aten::{aten}")
-    if group is None:
-        return False
-    fn = group.get(opset)
-    return fn is not None and not getattr(fn, "__module__", "").startswith("opforge.")
+    return torch_rule(aten, opset) is not None
 
 
 def missing_in_torch(opsets: range = TORCHSCRIPT_OPSETS) -> dict[str, str]:

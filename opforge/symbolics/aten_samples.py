@@ -56,13 +56,21 @@ class Sample:
     min_opset: int = 11
     #: (opset, dtype) pairs ONNX Runtime has no kernel for (opset None: every opset).
     ort_gaps: frozenset = frozenset()
-    #: (opset, dtype, error text) where torch's *own* rule (which opforge never shadows)
-    #: writes a model ONNX Runtime rejects: measured, asserted, reported.
-    torch_rule_bugs: frozenset = frozenset()
 
     def module(self) -> torch.nn.Module:
         """The sample call as a model, which is what the exporters take."""
         return _SampleModule(self.fn)
+
+    def export(self, inputs, opset: int, f) -> tuple:
+        """Exports the sample with dynamo=False at ``opset`` into ``f``, the batch dynamic in every
+        input that has it (a loss's targets too); returns (input names, dynamic axes)."""
+        names = [f"in{k}" for k in range(len(inputs))]
+        first = inputs[0]
+        dynamic = {n: {0: "batch"} for n, t in zip(names, inputs)
+                   if self.dynamic and t.dim() > 0 and t.shape[0] == first.shape[0]}
+        torch.onnx.export(self.module(), tuple(inputs), f, dynamo=False, opset_version=opset, input_names=names,
+                          dynamic_axes=dynamic)
+        return names, dynamic
 
 
 class _SampleModule(torch.nn.Module):
@@ -85,10 +93,6 @@ def _binary(fn, **kw) -> Sample:
 
 def _gaps(opsets, dtype) -> frozenset:
     return frozenset((o, dtype) for o in opsets)
-
-
-def _bugs(opsets, dtype, error: str) -> frozenset:
-    return frozenset((o, dtype, error) for o in opsets)
 
 
 #: Antialiased Resize is opset 18, and ORT's has no double kernel. Below 18 opforge writes two
@@ -164,10 +168,10 @@ SAMPLES: dict[str, Sample] = {
     "celu": _unary(lambda x: torch.celu(x, 0.7)),
     "einsum": Sample(lambda a, b: torch.einsum("bij,bkj->bik", a, b),
                      lambda dt: (_real(dt, 2, 3, 4), _real(dt, 2, 5, 4, seed=4))),
-    "diagonal": Sample(lambda x: torch.diagonal(x, -1, 1, 2), lambda dt: (_real(dt, 2, 4, 3),),
-                       torch_rule_bugs=_bugs((17, 20), torch.float64, "Mismatched tensor element type")),
-    # torch's rule (12+) gives no mask output; the bridge (below 12) gives both
-    "native_dropout": Sample(lambda x: torch.native_dropout(x, 0.3, False)[0], lambda dt: (_edge(dt),)),
+    # torch's rules (13+) write invalid models for float64: the bridge takes those calls
+    "diagonal": Sample(lambda x: torch.diagonal(x, -1, 1, 2), lambda dt: (_real(dt, 2, 4, 3),)),
+    # both outputs: torch's rule (12+) writes no mask, so the bridge takes calls that use it
+    "native_dropout": Sample(lambda x: torch.native_dropout(x, 0.3, False), lambda dt: (_edge(dt),)),
     "scaled_dot_product_attention": Sample(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         lambda dt: (_real(dt, 2, 2, 5, 4), _real(dt, 2, 2, 5, 4, seed=4), _real(dt, 2, 2, 5, 4, seed=5))),
@@ -183,8 +187,7 @@ SAMPLES: dict[str, Sample] = {
     "fake_quantize_per_channel_affine": Sample(
         lambda x, scale, zero_point: torch.fake_quantize_per_channel_affine(x, scale, zero_point, 1, 0, 255),
         lambda dt: (_real(dt, 3, 4, lo=-20, hi=40), torch.tensor([0.1, 0.25, 0.05, 0.2]),
-                    torch.tensor([0, 10, 128, 255], dtype=torch.int32)), dynamic=(),
-        torch_rule_bugs=_bugs((13, 17, 20), torch.float64, "QuantizeLinear")),
+                    torch.tensor([0, 10, 128, 255], dtype=torch.int32)), dynamic=()),
     # real output only: the TorchScript exporter has no complex tensors
     "stft": Sample(lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16, dtype=x.dtype),
                                         return_complex=False),
