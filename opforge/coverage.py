@@ -136,8 +136,8 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
             why = aten_samples.NOT_BRIDGED[name]
         elif name in ruled and ruled[name].opsets[0] < ruled[name].since:
             rule = ruled[name]
-            why = (f"from opset {rule.since} for every dtype ({rule.onnx}); below, opforge's rule exports bool "
-                   f"tensors from opset {rule.opsets[0]} and refuses integers (ONNX has no bitwise ops there)")
+            why = (f"integers from opset {rule.since} ({rule.onnx}); below, opforge exports bool tensors (from "
+                   f"opset {rule.opsets[0]}) and refuses integers with a clear error: ONNX has no bitwise ops there")
         elif first is not None and name in torch_only[first]:
             why = (f"torch's own rule from opset {first} (opforge never shadows it; below that, "
                    "export at a higher opset or use the ATen fallback)")

@@ -160,6 +160,32 @@ def test_per_channel_fake_quantize_below_13_is_not_written_as_per_tensor_quantiz
         torch.onnx.export(Lambda(fn), (x, scale, zero_point), io.BytesIO(), dynamo=False, opset_version=10)
 
 
+@pytest.mark.parametrize("opset", [11, 16, 20])
+def test_bincount_with_weights_and_empty_inputs(opset):
+    # dynamo cannot take weights at all, and needs opset 16 without them: the one-hot composition.
+    fn = lambda x, w: torch.bincount(x, w, minlength=5)
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), (torch.tensor([0, 1, 1, 3]), torch.rand(4)), f, dynamo=False, opset_version=opset,
+                      input_names=["x", "w"], dynamic_axes={"x": {0: "n"}, "w": {0: "n"}})
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for x in [torch.tensor([0, 1, 1, 3, 9, 1]), torch.tensor([2, 2])]:
+        w = torch.rand(len(x))
+        (got,) = session.run(None, {"x": x.numpy(), "w": w.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), fn(x, w))
+    # An empty input gives minlength zeros (torch gives them as int64 even with float weights,
+    # a dtype a static graph cannot switch to: the values are checked).
+    (got,) = session.run(None, {"x": np.zeros(0, np.int64), "w": np.zeros(0, np.float32)})
+    assert got.tolist() == [0.0] * 5
+    plain = lambda x: torch.bincount(x, minlength=3)
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(plain), (torch.tensor([0, 1]),), f, dynamo=False, opset_version=opset,
+                      input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for x in [torch.tensor([], dtype=torch.int64), torch.tensor([4, 0, 4])]:
+        (got,) = session.run(None, {"x": x.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), plain(x))
+
+
 # ---- node adapters: same values as the newer ONNX op -------------------------------------------
 
 def _lowered_model(op_type, attrs, x_type, shape, opset):
@@ -304,7 +330,7 @@ def test_float64_calls_torchs_rules_write_invalid_models_for_go_to_the_bridge(op
     torch.testing.assert_close(_run(fq, (y, scale, zero_point), opset)[0], fq(y, scale, zero_point))
 
 
-def test_when_torchs_rule_and_the_bridge_both_refuse_the_error_is_torchs_with_the_bridges_reason():
+def test_a_call_torchs_rule_refuses_goes_to_the_bridge_and_if_both_refuse_the_error_says_both():
     from torch.onnx import errors
     from opforge.symbolics import aten_rules
 
@@ -322,6 +348,10 @@ def test_when_torchs_rule_and_the_bridge_both_refuse_the_error_is_torchs_with_th
         text = str(info.value)
         assert "torch's rule refuses this call (and opforge's ATen bridge cannot export it either" in text
         assert "aten::tril" in text and "computed at run time" in text
+        # A call the bridge can take: the refusing rule's node is gone, the values are torch's.
+        x = torch.randn(3, 4)
+        assert "Identity" not in _op_types(lambda a: torch.tril(a, 1), (x,), 17)
+        torch.testing.assert_close(_run(lambda a: torch.tril(a, 1), (x,), 17)[0], torch.tril(x, 1))
     finally:
         torch.onnx.register_custom_op_symbolic(
             "aten::tril", aten_bridge.torch_rule_then_bridge("tril", aten_rules.torch_rule("tril", 17)), 17)

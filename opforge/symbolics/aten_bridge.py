@@ -9,11 +9,16 @@ For those, :func:`symbolic` derives a rule from the dynamo side at export time:
 2. The op alone, with those inputs, goes through the dynamo exporter's own pipeline
    (``torch.export`` -> torch's decompositions -> torchlib), giving an opset-18 ONNX graph.
    Functions are inlined. The result is cached per signature.
-3. That graph is brought to the target opset node by node (:func:`_downgrade`): unchanged where
+3. That graph is brought to the target opset node by node (:class:`_Downgrade`): unchanged where
    the op's schema is the same, converted where the form changed (``axes`` inputs back to
    attributes, ``CastLike`` to ``Cast``, ...), refused with the ONNX op and opset named where
-   ONNX cannot express it at that opset.
-4. Its nodes are written into the TorchScript graph with ``g.op``.
+   ONNX cannot express it at that opset. A refused graph is retried in the other forms (:class:`Form`):
+   torch's decompositions of the op, then opforge's compositions for older opsets
+   (:mod:`.aten_lowerings`). What is kept must pass ONNX's checker at the target opset.
+4. Its nodes are written into the TorchScript graph with ``g.op``, typed.
+
+Where torch has its own rule, :func:`torch_rule_then_bridge` keeps it first and hands the bridge
+only the calls it refuses.
 
 Nothing here runs unless a bridged op is exported: torchlib's registry (about a second to
 build) is loaded on first use, so models that need no bridge export exactly as fast as before.
@@ -910,6 +915,8 @@ _ADAPTERS: dict[str, Callable] = {
     "LogSoftmax": _softmax,
     "Hardmax": _softmax,
 }
+
+
 def _bitwise(logical: str):
     # Bitwise ops are opset 18. On bool tensors they are the logical ops. x & (2**k - 1) on
     # integers is x mod 2**k (floor mod, as two's complement has it): decompositions test
@@ -923,7 +930,7 @@ def _bitwise(logical: str):
             return False
         for x, mask in (node.inputs, node.inputs[::-1]):
             value = d.g.constants.get(mask)
-            if value is None or value.size != 1 or d.g.shapes.get(x) is None:
+            if value is None or value.size != 1:
                 continue
             m = int(value.reshape(-1)[0])
             if m > 0 and (m & (m + 1)) == 0 and m + 1 <= np.iinfo(value.dtype).max:
@@ -997,8 +1004,6 @@ def lowered(call: Call, opset: int) -> tuple:
                 exc = BridgeError(f"{call.overload} at opset {opset}: {exc}")
             if first_error is None:
                 first_error = exc
-            if opset >= SOURCE_OPSET:
-                break  # nothing to lower: a decomposition would not make the graph more exportable
             if form == Form.LOWERING and call.name in aten_lowerings.LOWERINGS:
                 # opforge has a composition for older opsets and it failed: its reason matters.
                 raise BridgeError(f"{first_error}; opforge's composition for older opsets: "
@@ -1087,7 +1092,7 @@ def symbolic(g, *args):
         from torch.onnx import errors
 
         raise errors.SymbolicValueError(f"opforge's ATen bridge cannot export {node.kind()}: {exc}",
-                                        node.output()) from None
+                                        list(node.outputs())[0]) from None
 
 
 def _scalar_type(v) -> Optional[str]:
@@ -1117,27 +1122,34 @@ def torch_rule_then_bridge(name: str, torch_rule: Callable) -> Callable:
         invalid = _TORCH_RULE_INVALID_FOR.get(name)
         if invalid is not None and invalid(args):
             return symbolic(g, *args)
-        written = len(list(g.graph.nodes()))
+        written = len(g.new_nodes)
         try:
             result = torch_rule(g, *args, **kwargs)
         except errors.OnnxExporterError as exc:
-            # torch's rule may have written nodes before it refused: they would stay in the model.
-            for node in reversed(list(g.graph.nodes())[written:]):
-                node.destroy()
+            _discard_nodes_since(g, written)
             try:
                 return symbolic(g, *args)
             except errors.SymbolicValueError as bridge_exc:
                 reason = str(bridge_exc).split("  [Caused")[0].removeprefix("opforge's ATen bridge cannot export ")
                 raise errors.SymbolicValueError(f"{str(exc).split('  [Caused')[0]} (and opforge's ATen bridge cannot "
-                                                f"export it either: {reason})", g.original_node.output()) from None
+                                                f"export it either: {reason})", list(g.original_node.outputs())[0]) from None
         outputs = list(g.original_node.outputs())
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(outputs) > 1 and any(r is None and o.uses() for r, o in zip(results, outputs)):
+            _discard_nodes_since(g, written)
             return symbolic(g, *args)
         return result
 
     symbolic_with_bridge.opforge_bridge_fallback = True
     return symbolic_with_bridge
+
+
+def _discard_nodes_since(g, written: int) -> None:
+    # Nodes torch's rule wrote before the bridge took over would stay in the model, unused.
+    # (g.op records every node it adds in g.new_nodes.)
+    for node in reversed(g.new_nodes[written:]):
+        node.destroy()
+    del g.new_nodes[written:]
 
 
 def register(names: Sequence[str], opsets: Sequence[int], skip: Callable[[str, int], bool]) -> None:

@@ -256,6 +256,26 @@ def _stft(call) -> Callable:
     return fn
 
 
+# --------------------------------------------------------------------------------------------
+# bincount: dynamo scatters with a reduction (ScatterElements add: opset 16) and cannot take
+# weights. A one-hot match against 0..n-1 and a sum does both at any opset. Memory is
+# len(x) x n.
+
+
+def _bincount(call) -> Callable:
+    def fn(x, weights=None, minlength=0):
+        # n = max(max(x) + 1, minlength), also for an empty x (the appended minlength - 1).
+        n = torch.cat([x, torch.full((1,), minlength - 1, dtype=x.dtype)]).max() + 1
+        hit = x[:, None] == torch.arange(n, dtype=x.dtype)[None, :]
+        if weights is None:
+            return hit.sum(0)
+        zero = torch.zeros((), dtype=weights.dtype)
+        counts = torch.where(hit, weights[:, None], zero).sum(0)
+        return counts.to(weights.dtype if weights.is_floating_point() else torch.float64)  # torch's result types
+
+    return fn
+
+
 #: ATen op name -> factory(call) -> fn, for opsets below the newer ONNX op dynamo needs.
 LOWERINGS: dict[str, Callable] = {
     "col2im": _col2im,
@@ -263,4 +283,5 @@ LOWERINGS: dict[str, Callable] = {
     "_upsample_bilinear2d_aa": _antialiased,
     "_upsample_bicubic2d_aa": _antialiased,
     "stft": _stft,
+    "bincount": _bincount,
 }

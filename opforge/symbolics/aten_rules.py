@@ -102,7 +102,7 @@ RULES: tuple[AtenRule, ...] = (
     AtenRule("fix", "Sign * Floor(Abs)", 9, _trunc),  # alias of trunc
     # Bool tensors at every opset; integers from 18. torch's own bitwise_and starts at 18.
     AtenRule("bitwise_xor", "BitwiseXor (bool: Xor)", 18, _bitwise("bitwise_xor", "Xor", "BitwiseXor"), first=9),
-    AtenRule("bitwise_and", "And (bool; integers: BitwiseAnd, torch's rule at 18+)", 18,
+    AtenRule("bitwise_and", "BitwiseAnd (bool: And)", 18,
              _bitwise("bitwise_and", "And", "BitwiseAnd"), first=9, last=17),
 )
 

@@ -192,6 +192,11 @@ SAMPLES: dict[str, Sample] = {
     "stft": Sample(lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16, dtype=x.dtype),
                                         return_complex=False),
                    lambda dt: (_real(dt, 2, 64),), rtol=1e-4, atol=1e-4),
+    # data-dependent output sizes
+    "bincount": Sample(lambda x: torch.bincount(x, minlength=4), lambda dt: (torch.tensor([0, 1, 1, 3, 7, 1, 0]),),
+                       float_only=False),
+    "unique_consecutive": Sample(lambda x: torch.unique_consecutive(x, return_inverse=True, return_counts=True),
+                                 lambda dt: (torch.tensor([1, 1, 2, 2, 3, 1, 1, -4]),), float_only=False),
     # Losses (nn.functional); nll_loss and nll_loss_nd are separate ATen ops (F.nll_loss records
     # nll_loss_nd), torch has rules for both from opset 12
     "nll_loss": Sample(lambda x, t, w: torch.ops.aten.nll_loss(x, t, w, 1, 2),
@@ -239,8 +244,6 @@ NOT_BRIDGED: dict[str, str] = {
     "special_erfcx": "dynamo's translation is wrong at +inf (nan, not 0) and off by 5e-6 relative",
     "cumprod": "dynamo cannot translate it (prims.prod); use the ATen fallback (opforge.export(..., aten_fallback=True))",
     "cummax": "dynamo cannot translate it; use the ATen fallback",
-    "bincount": "output length depends on the values (ONNX has no data-dependent shape op for it)",
-    "unique_consecutive": "data-dependent output shape",
     "allclose": "returns a Python bool, not a tensor: nothing to export",
     "equal": "returns a Python bool, not a tensor: nothing to export",
     "is_nonzero": "returns a Python bool, not a tensor: nothing to export",
