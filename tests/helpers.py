@@ -23,6 +23,17 @@ def single_node_model(op_type: str, input_types, n_outputs: int = 1, domain: str
     )
 
 
+class Lambda(torch.nn.Module):
+    """A function as a model (what the exporters take)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 

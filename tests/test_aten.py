@@ -17,16 +17,7 @@ from onnx import TensorProto
 import opforge
 from opforge.symbolics import aten_fallback, aten_rules
 
-from helpers import aten_model
-
-
-class Lambda(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from helpers import Lambda, aten_model
 
 
 # ---- 1. curated symbolics -------------------------------------------------------------

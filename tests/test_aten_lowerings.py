@@ -15,14 +15,7 @@ import torch.nn.functional as F
 import opforge  # noqa: F401  (registers the bridge)
 from opforge.symbolics import aten_bridge, aten_lowerings
 
-
-class Lambda(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from helpers import Lambda
 
 
 def _run(fn, inputs, opset, dynamic_batch=False):

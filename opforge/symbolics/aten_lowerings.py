@@ -7,9 +7,13 @@ with antialias: 18), the op is rewritten here in torch ops that older opsets do 
 rewrite goes through the same pipeline. They are used only at the opsets where nothing else
 lowers, and the round-trip tests hold each to torch's values.
 
-Each entry is a factory: ``factory(call) -> fn``, called eagerly (outside tracing) with the
-:class:`~.aten_bridge.Call`, so it can precompute constants from the call's static sizes;
-``fn`` takes the call's arguments like the ATen op does.
+Each entry of :data:`LOWERINGS` is a factory: ``factory(call) -> fn``, called eagerly (outside
+tracing) with the :class:`~.aten_bridge.Call`, so it can precompute constants from the call's
+static sizes; ``fn`` takes the call's arguments like the ATen op does.
+
+Two compositions here are used at *every* opset instead (``aten_bridge.CURATED``), because
+dynamo's own translation is wrong: :func:`scatter_reduce_one_hot` and
+:func:`cross_entropy_one_hot_smoothing`.
 """
 
 from __future__ import annotations
