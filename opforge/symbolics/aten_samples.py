@@ -52,8 +52,6 @@ class Sample:
     float_only: bool = True
     rtol: float = 1e-5
     atol: float = 1e-6
-    #: Below this opset ONNX cannot express the op: the export fails with the reason.
-    min_opset: int = 11
     #: (opset, dtype) pairs ONNX Runtime has no kernel for (opset None: every opset).
     ort_gaps: frozenset = frozenset()
 
