@@ -131,9 +131,13 @@ def classify(op: str, opset: int) -> OpDiagnosis:
     eq = onnx_equivalent(name)
     if name in ruled:
         rule = ruled[name]
+        first, last = rule.opsets[0], rule.opsets[-1]
+        where = (f"opforge registers a symbolic for opsets {first}..{last} on `import opforge`"
+                 + (f" (torch's own from {last + 1})" if last < 20 else ""))
+        if first < rule.since:  # bool tensors from `first`, every dtype from `since`
+            where += f"; below opset {rule.since} it takes bool tensors only"
         return OpDiagnosis(op, True, f"{rule.onnx} (opset {rule.since}+)", "symbolic",
-                           f"opforge registers a symbolic for opsets {rule.since}..20 on `import opforge`"
-                           + ("" if opset >= rule.since else f"; raise the opset to {rule.since} or more"))
+                           where + ("" if opset >= rule.since else f"; raise the opset to {rule.since} or more"))
     if eq is not None and name not in aten_rules.NOT_RULED:
         onnx_name, since = eq
         if opset >= since:

@@ -32,6 +32,7 @@ def test_classify_follows_the_flowchart():
     assert "opforge registers a symbolic" in ruled.advice
     later = classify("aten::bitwise_xor", 16)
     assert later.way == "symbolic" and "raise the opset to 18" in later.advice
+    assert "bool tensors only" in later.advice  # bitwise_xor on bools exports at 16 too
     custom = classify("mylib::fancy", 17)
     assert (custom.is_aten, custom.onnx_equivalent, custom.way) == (False, None, "custom op")
     lowered = classify("aten::celu", 11)  # torch has Celu from 12; at 11 opforge's bridge lowers it
