@@ -39,7 +39,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from . import aten_lowerings
+from . import aten_lowerings, aten_rules
 
 _LOCK = threading.RLock()
 
@@ -432,11 +432,9 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         hints = hints[:1]
     fn = None
     if form == Form.LOWERING:
-        from .aten_lowerings import LOWERINGS
-
-        if call.name not in LOWERINGS:
+        if call.name not in aten_lowerings.LOWERINGS:
             raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
-        fn = LOWERINGS[call.name](call)  # eagerly: it may precompute constants
+        fn = aten_lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
     with _LOCK, _quiet_exporter():
         for attempt, (hint, must_stay_dynamic) in enumerate(hints):
             examples = tuple(i.example(hint) for i in infos)
@@ -766,10 +764,8 @@ def _cast_like(d: _Downgrade, node: Node) -> bool:
 
 def _compare_or_equal(strict: str):
     # GreaterOrEqual/LessOrEqual (opset 12): Or(Greater, Equal) is false for NaN, like them.
+    # (Where the old Equal does not take the type, the validity check refuses the graph.)
     def adapt(d: _Downgrade, node: Node) -> bool:
-        equal = _schema("Equal", d.opset)
-        if not all(_type_allowed(equal, i, d.g.types.get(x)) for i, x in enumerate(node.inputs)):
-            d.refuse(node, f"which needs Equal, whose opset-{equal.since_version} version does not take this type")
         a, b = d.new_name(), d.new_name()
         d.out.append(Node(strict, node.inputs, {}, [a]))
         d.out.append(Node("Equal", node.inputs, {}, [b]))
@@ -1095,17 +1091,12 @@ def symbolic(g, *args):
                                         list(node.outputs())[0]) from None
 
 
-def _scalar_type(v) -> Optional[str]:
-    t = v.type()
-    return t.scalarType() if t.kind() == "TensorType" else None
-
-
 #: Inputs for which torch's own rule writes a model ONNX Runtime rejects (measured: the If
 #: branches of its diagonal disagree on float64; its per-channel QuantizeLinear takes no
 #: float64): the bridge handles those calls instead.
 _TORCH_RULE_INVALID_FOR: dict[str, Callable] = {
-    "diagonal": lambda args: _scalar_type(args[0]) == "Double",
-    "fake_quantize_per_channel_affine": lambda args: _scalar_type(args[0]) == "Double",
+    "diagonal": lambda args: aten_rules._scalar_type(args[0]) == "Double",
+    "fake_quantize_per_channel_affine": lambda args: aten_rules._scalar_type(args[0]) == "Double",
 }
 
 
@@ -1152,9 +1143,11 @@ def _discard_nodes_since(g, written: int) -> None:
     del g.new_nodes[written:]
 
 
-def register(names: Sequence[str], opsets: Sequence[int], skip: Callable[[str, int], bool]) -> None:
-    """Registers :func:`symbolic` for ``aten::<name>`` at every opset where ``skip`` is false."""
+def register(names: Sequence[str], opsets: Sequence[int]) -> None:
+    """For ``aten::<name>`` at each opset: :func:`symbolic` where torch has no rule; where it has
+    one, that rule wrapped by :func:`torch_rule_then_bridge` (torch's rule stays first)."""
     for name in names:
         for opset in opsets:
-            if not skip(name, opset):
-                torch.onnx.register_custom_op_symbolic(f"aten::{name}", symbolic, opset)
+            fn = aten_rules.torch_rule(name, opset)
+            torch.onnx.register_custom_op_symbolic(
+                f"aten::{name}", symbolic if fn is None else torch_rule_then_bridge(name, fn), opset)

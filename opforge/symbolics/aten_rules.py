@@ -129,20 +129,13 @@ def register_all() -> None:
     for rule in RULES:
         for opset in rule.opsets:
             torch.onnx.register_custom_op_symbolic(f"aten::{rule.aten}", rule.symbolic, opset)
-    # Every other op with a sample gets the bridge where torch has no rule of its own (the
-    # bridge never shadows torch; it loads nothing until a bridged op is exported).
+    # Every other op with a sample gets the bridge: where torch has no rule of its own, and
+    # behind torch's rule where it has one (the bridge never shadows torch; it loads nothing
+    # until a bridged op is exported).
     from . import aten_bridge, aten_samples
 
     ruled = {r.aten for r in RULES}
-    bridged = sorted(set(aten_samples.SAMPLES) - ruled)
-    aten_bridge.register(bridged, TORCHSCRIPT_OPSETS, skip=lambda name, opset: has_torch_rule(name, opset))
-    # Where torch has a rule, it stays the rule; the bridge only takes the calls it refuses.
-    for name in bridged:
-        for opset in TORCHSCRIPT_OPSETS:
-            fn = torch_rule(name, opset)
-            if fn is not None and not getattr(fn, "opforge_bridge_fallback", False):
-                torch.onnx.register_custom_op_symbolic(f"aten::{name}", aten_bridge.torch_rule_then_bridge(name, fn),
-                                                       opset)
+    aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS)
 
 
 def _torch_registry():
