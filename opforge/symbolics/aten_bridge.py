@@ -174,7 +174,12 @@ def _overloads(kind: str, original_schema: str) -> list:
     from .aten_fallback import dispatch_order
 
     if original_schema != "(no schema)":
-        return [torch._C.parse_schema(original_schema)]
+        schema = torch._C.parse_schema(original_schema)
+        # By the time symbolics run, an int argument is a 0-d tensor constant, and TorchScript's
+        # schema lookup may then match an out= overload (squeeze_copy(x, 1) as squeeze_copy.out):
+        # never the call the model made.
+        if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            return [schema]
     return [op._schema for op in dispatch_order(getattr(torch.ops.aten, kind.split("::")[1]))]
 
 
@@ -308,6 +313,50 @@ def _copysign(a, b):
     return torch.where(_signbit(b), -magnitude, magnitude)
 
 
+#: Chebyshev fit of erfc(z)·exp(z²)·(1 + z/2) in t = 1/(1 + z/2), z >= 0, relative error
+#: below 1.2e-7 everywhere (Press et al., Numerical Recipes, "erfcc").
+_ERFCX_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+              1.48851587, -0.82215223, 0.17087277)
+
+
+def _erfcx_nonnegative(z):
+    # The fit's exp(-z²) factor is left out, so nothing underflows: t -> 0 as z -> inf.
+    t = 1 / (1 + 0.5 * z)
+    poly = torch.full_like(z, _ERFCX_FIT[-1])
+    for c in reversed(_ERFCX_FIT[:-1]):
+        poly = c + t * poly
+    return t * torch.exp(poly)
+
+
+def _erfcx(x):
+    # torchlib writes exp(x²)·erfc(x): NaN at +inf, and all precision lost past x≈4 in float32
+    # (erfc is 1 - erf there). Measured over [-30, 30] and at ±1e300 against torch in float64:
+    # relative error <= 1.1e-7; below 0, erfcx(x) = 2·exp(x²) - erfcx(-x), inf past x≈-9.3
+    # (float32) as in torch.
+    x = _float_of(x)
+    pos = _erfcx_nonnegative(torch.abs(x))
+    return torch.where(x >= 0, pos, 2 * torch.exp(x * x) - pos)
+
+
+def _log1p_small(u):
+    # log(1 + u) for |u| < 1, accurate when u is tiny: ONNX has no Log1p and log(1 + u) keeps
+    # only u's part above 1's rounding (Goldberg's correction: scale by u / ((1 + u) - 1)).
+    w = 1 + u
+    return torch.where(w == 1, u, torch.log(w) * (u / (w - 1)))
+
+
+def _log_ndtr(x):
+    # torchlib's log(ndtr(x)) is NaN at -inf and -inf well before torch's (finite) values for
+    # x << 0. With z = |x|/√2 and erfcx: x < 0: log(erfcx(z)/2) - z²; x >= 0:
+    # log1p(-erfcx(z)·exp(-z²)/2), which keeps the tiny tail for large x.
+    x = _float_of(x)
+    z = torch.abs(x) * (1 / math.sqrt(2.0))
+    tail = 0.5 * _erfcx_nonnegative(z)
+    negative = torch.log(tail) - z * z
+    positive = _log1p_small(-tail * torch.exp(-z * z))
+    return torch.where(x < 0, negative, positive)
+
+
 #: Compositions used instead of dynamo's translation where it is wrong or missing. Each is
 #: torch code that dynamo translates op by op; the round-trip tests hold them to torch's values.
 CURATED: dict[str, Callable] = {
@@ -319,6 +368,8 @@ CURATED: dict[str, Callable] = {
     "sgn": _sgn,
     "fmax": _fmax,
     "fmin": _fmin,
+    "special_erfcx": _erfcx,
+    "special_log_ndtr": _log_ndtr,
     "scatter_reduce": aten_lowerings.scatter_reduce_one_hot,
     "cross_entropy_loss": aten_lowerings.cross_entropy_one_hot_smoothing,
 }
@@ -493,9 +544,11 @@ def _check_still_dynamic(call: Call, program, dynamic) -> None:
 
 
 class _quiet_exporter:
-    # The dynamo exporter logs a warning per node about module stacks our one-op module lacks.
+    # The dynamo exporter logs a warning per node about module stacks our one-op module lacks;
+    # onnx_ir one per empty list attribute (max_unpool's empty padding) it must guess a type for.
     def __enter__(self):
-        self.loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "torch.export")]
+        self.loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "torch.export",
+                                                       "onnx_ir")]
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
             lg.setLevel(logging.ERROR)
@@ -1083,12 +1136,18 @@ def symbolic(g, *args):
     node = g.original_node
     try:
         call = call_of(node, args)
-        return emit(g, call, tensor_inputs(call, args))
+        result = emit(g, call, tensor_inputs(call, args))
     except BridgeError as exc:
         from torch.onnx import errors
 
         raise errors.SymbolicValueError(f"opforge's ATen bridge cannot export {node.kind()}: {exc}",
                                         list(node.outputs())[0]) from None
+    outputs = list(node.outputs())
+    if len(outputs) == 1 and outputs[0].type().kind() == "ListType":
+        # A Tensor[] result (hsplit, unbind_copy, gradient, ...) is one list value in the traced
+        # graph; the exporter resolves the prim::ListUnpack that follows against this list.
+        return g.op("prim::ListConstruct", *(result if isinstance(result, tuple) else (result,)))
+    return result
 
 
 #: Inputs for which torch's own rule writes a model ONNX Runtime rejects (measured: the If
