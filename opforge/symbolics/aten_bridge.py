@@ -48,7 +48,12 @@ _DTYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
     "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,
     "Byte": torch.uint8, "Bool": torch.bool,
+    # Complex values travel through the ONNX graph as real pairs (a trailing dim of 2), the
+    # dynamo exporter's convention; only ops the bridge translates may touch them (see
+    # _check_complex_consumers).
+    "ComplexFloat": torch.complex64, "ComplexDouble": torch.complex128,
 }
+_COMPLEX_SCALAR_TYPES = frozenset({"ComplexFloat", "ComplexDouble", "ComplexHalf"})
 _ONNX_TYPE_STR = {
     onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
     onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.BFLOAT16: "tensor(bfloat16)",
@@ -217,11 +222,16 @@ def call_of(node, values: Sequence) -> Call:
                           "(an argument computed at run time where the op needs a Python number?)")
     op = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
     args = []
-    for value, a in zip(values, parsed.arguments):
+    for value, original, a in zip(values, node.inputs(), parsed.arguments):
+        # A complex input arrives as the real pair the bridge wrote for it; the traced graph
+        # still has its complex dtype and shape, which is the call the model made.
         if _is_tensor_type(a.type):
-            args.append(None if symbolic_helper._is_none(value) else _tensor_info(value, op, a.name))
+            args.append(None if symbolic_helper._is_none(value) else
+                        _tensor_info(original if _is_complex(original) else value, op, a.name))
         elif _is_tensor_list_type(a.type):
             items = symbolic_helper._unpack_list(value)
+            if _is_complex(original) and original.node().kind() == "prim::ListConstruct":
+                items = list(original.node().inputs())
             args.append(tuple(_tensor_info(v, op, a.name) for v in items))
         else:
             args.append(_constant(value, a.type, op, a.name))
@@ -382,7 +392,10 @@ class _CallModule(torch.nn.Module):
     def __init__(self, call: Call, fn: Optional[Callable] = None):
         super().__init__()
         self.call = call
-        self.fn = fn or CURATED.get(call.name, call.op)
+        # The curated compositions are written for real tensors (angle, sgn); on complex ones
+        # dynamo's own translation is the one to use.
+        curated = None if any(i.dtype.is_complex for i in _flat_tensors(call)) else CURATED.get(call.name)
+        self.fn = fn or curated or call.op
 
     def forward(self, *tensors):
         it = iter(tensors)
@@ -513,7 +526,12 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
     if len(proto.graph.input) != len(infos):
         raise BridgeError(f"{call.overload}: the translated graph has {len(proto.graph.input)} inputs, "
                           f"expected {len(infos)}")
-    return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    try:
+        return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        # (measured: torchlib's fft_fft with n= on complex input declares a complex64 value)
+        raise BridgeError(f"{call.overload}: the dynamo exporter's translation is not valid ONNX "
+                          f"({_first_line(exc)})") from None
 
 
 def _int_constants(args) -> set:
@@ -1112,7 +1130,7 @@ def emit(g, call: Call, values: Sequence) -> Any:
 
 
 _TORCH_DTYPES = {onnx.helper.np_dtype_to_tensor_dtype(torch.empty((), dtype=t).numpy().dtype): t
-                 for t in _DTYPES.values() if t != torch.bfloat16}
+                 for t in _DTYPES.values() if t != torch.bfloat16 and not t.is_complex}
 
 
 def _set_type(value, known) -> None:
@@ -1131,11 +1149,67 @@ def _set_type(value, known) -> None:
     value.setType(t)
 
 
+def _is_complex(value) -> bool:
+    t = value.type()
+    if t.kind() == "TensorType":
+        return t.scalarType() in _COMPLEX_SCALAR_TYPES
+    if t.kind() == "ListType":  # a Tensor[] argument (its ListConstruct) or result (its ListUnpack)
+        if value.node().kind() == "prim::ListConstruct":
+            return any(_is_complex(v) for v in value.node().inputs())
+        return any(_is_complex(v) for use in value.uses() if use.user.kind() == "prim::ListUnpack"
+                   for v in use.user.outputs())
+    return False
+
+
+def touches_complex(node) -> bool:
+    """Whether a traced node takes or gives a complex tensor (a Tensor[] of them included)."""
+    return any(_is_complex(v) for v in (*node.inputs(), *node.outputs()))
+
+
+def _complex_consumers(value):
+    """(node, kind) for each use of a complex value, through lists and tuples built or unpacked."""
+    for use in value.uses():
+        user = use.user
+        if user.kind() in ("prim::ListConstruct", "prim::TupleConstruct", "prim::ListUnpack", "prim::TupleUnpack"):
+            for out in user.outputs():
+                yield from _complex_consumers(out)
+        else:
+            yield user
+
+
+def handles_complex(kind: str, opset: int) -> bool:
+    """Whether the symbolic registered for ``kind`` at ``opset`` sends complex calls to the bridge."""
+    group = aten_rules._torch_registry().get_function_group(kind)
+    fn = group.get(opset) if group is not None else None
+    return fn is symbolic or getattr(fn, "opforge_complex_aware", False)
+
+
+def _check_complex_consumers(node, opset: int) -> None:
+    # The bridge writes a complex result as a real pair. An op that reads it with torch's rule
+    # (which knows nothing of the pair) would compute a silently wrong answer: refuse first.
+    op = node.kind()
+    for out in node.outputs():
+        if not _is_complex(out):
+            continue
+        for user in _complex_consumers(out):
+            if user.kind() == "prim::Return":
+                raise BridgeError(f"the model returns the complex result of {op}; ONNX Runtime has no complex "
+                                  "tensors, and opforge carries them as real pairs only inside the model: return "
+                                  "torch.view_as_real(...) (or .abs(), .real, .imag) instead")
+            if not user.kind().startswith("aten::") or not handles_complex(user.kind(), opset):
+                raise BridgeError(f"{user.kind()} takes the complex result of {op}; opforge carries complex "
+                                  "tensors (as real pairs) only through the ops the dynamo exporter translates "
+                                  f"for them, and {user.kind()} is not one at opset {opset}: convert to real "
+                                  "values first (torch.view_as_real, .abs(), .real, .imag) or use dynamo=True")
+
+
 def symbolic(g, *args):
     """The TorchScript symbolic of every bridged op (registered by :func:`register`)."""
     node = g.original_node
     try:
         call = call_of(node, args)
+        if any(_is_complex(v) for v in node.outputs()):
+            _check_complex_consumers(node, g.opset)
         result = emit(g, call, tensor_inputs(call, args))
     except BridgeError as exc:
         from torch.onnx import errors
@@ -1200,6 +1274,56 @@ def _discard_nodes_since(g, written: int) -> None:
     for node in reversed(g.new_nodes[written:]):
         node.destroy()
     del g.new_nodes[written:]
+
+
+#: Ops torch has TorchScript rules for that the dynamo exporter also translates for complex
+#: tensors (measured: the result matches torch in ONNX Runtime). Their rules are wrapped so
+#: that a call on complex tensors goes to the bridge. Ops not listed here (unsqueeze, select,
+#: exp, pow, where, ...: dynamo cannot either) refuse a complex input.
+COMPLEX_CARRIERS: tuple[str, ...] = (
+    "abs", "add", "sub", "mul", "div", "neg", "reciprocal", "sum", "mean", "matmul",
+    "slice", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "flip", "roll",
+    "cat", "stack", "clone", "contiguous", "stft", "_conj", "resolve_conj", "resolve_neg", "conj_physical",
+    "t", "numpy_T", "size",
+)
+
+
+def _complex_size(g, rule: Callable, self, dim=None):
+    # x.size(d) of a complex x, on its real pair: a negative d counts from the dim before the
+    # pair's (the tracer records one aten::size per dim a model reads).
+    from torch.onnx import errors, symbolic_helper
+
+    d = None if dim is None else symbolic_helper._maybe_get_const(dim, "i")
+    if not isinstance(d, int):
+        raise errors.SymbolicValueError("opforge's ATen bridge: aten::size of a complex tensor needs a constant dim",
+                                        list(g.original_node.outputs())[0])
+    return rule(g, self, g.op("Constant", value_t=torch.tensor(d - 1 if d < 0 else d)))
+
+
+def complex_to_bridge(name: str, rule: Callable) -> Callable:
+    """``rule`` for real tensors; the bridge for a call that takes or gives complex ones."""
+
+    @functools.wraps(rule)
+    def symbolic_complex_aware(g, *args, **kwargs):
+        if touches_complex(g.original_node):
+            return _complex_size(g, rule, *args) if name == "size" else symbolic(g, *args)
+        return rule(g, *args, **kwargs)
+
+    symbolic_complex_aware.opforge_bridge_fallback = True  # aten_rules.torch_rule() unwraps it
+    symbolic_complex_aware.opforge_complex_aware = True
+    return symbolic_complex_aware
+
+
+def register_complex_carriers(opsets: Sequence[int]) -> None:
+    """Wraps the rule of each of :data:`COMPLEX_CARRIERS` (torch's, or opforge's wrapper of it)."""
+    registry = aten_rules._torch_registry()
+    for name in COMPLEX_CARRIERS:
+        group = registry.get_function_group(f"aten::{name}")
+        for opset in opsets:
+            fn = group.get(opset) if group is not None else None
+            if fn is None or fn is symbolic or getattr(fn, "opforge_complex_aware", False):
+                continue
+            torch.onnx.register_custom_op_symbolic(f"aten::{name}", complex_to_bridge(name, fn), opset)
 
 
 def register(names: Sequence[str], opsets: Sequence[int]) -> None:

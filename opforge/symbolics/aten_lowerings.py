@@ -234,9 +234,6 @@ def _antialiased(call) -> Callable:
 def _stft(call) -> Callable:
     def fn(x, n_fft, hop_length=None, win_length=None, window=None, normalized=False, onesided=None,
            return_complex=None, align_to_window=None):
-        if return_complex:
-            raise ValueError("stft: return_complex=True gives a complex tensor, which the TorchScript exporter "
-                             "cannot write; use return_complex=False")
         if align_to_window:
             raise ValueError("stft: align_to_window=True is not supported below opset 17")
         hop = hop_length or n_fft // 4
@@ -255,7 +252,9 @@ def _stft(call) -> Callable:
         real = torch.matmul(frames, cos)
         imag = -torch.matmul(frames, sin)
         out = torch.stack([real, imag], -1).transpose(-2, -3)  # (..., n_freq, n_frames, 2)
-        return out * (n_fft ** -0.5) if normalized else out
+        out = out * (n_fft ** -0.5) if normalized else out
+        # A complex result is the same real pair to the bridge (it carries complex values so)
+        return torch.view_as_complex(out.contiguous()) if return_complex else out
 
     return fn
 
@@ -280,6 +279,108 @@ def _bincount(call) -> Callable:
     return fn
 
 
+# --------------------------------------------------------------------------------------------
+# The torch.fft transforms: DFT is opset 17 (and dynamo's translation of the complex-to-real
+# ones needs it too). Each transformed dim is a product with cos/sin DFT matrices (phases
+# reduced exactly in integers, trig in float64), on the real pair (re, im) of the values.
+
+
+def _dft_matrices(n: int, rows: int, cols: int, dtype) -> tuple:
+    jk = torch.arange(rows, dtype=torch.int64)[:, None] * torch.arange(cols, dtype=torch.int64)[None, :]
+    angle = (jk % n).to(torch.float64) * (2 * math.pi / n)
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def _resized(t, n: int):
+    # torch.fft's n/s: trim, or pad with zeros, along the last dim
+    length = t.shape[-1]
+    return t[..., :n] if length >= n else F.pad(t, (0, n - length))
+
+
+def _c2c(re, im, n: int, inverse: bool):
+    # sum_j x_j e^(-+2 pi i jk/n) on the last dim (e^(-i s t) = cos t - i s sin t)
+    cos, sin = _dft_matrices(n, n, n, re.dtype)
+    sign = -1.0 if inverse else 1.0
+    re, im = _resized(re, n), None if im is None else _resized(im, n)
+    if im is None:
+        return re @ cos, -sign * (re @ sin)
+    return re @ cos + sign * (im @ sin), im @ cos - sign * (re @ sin)
+
+
+def _c2r(re, im, n: int):
+    # the real signal of length n whose spectrum's first n//2+1 bins are (re, im): each bin but
+    # 0 (and n/2 for an even n) stands for its mirror image too, hence the weight 2
+    m = n // 2 + 1
+    re, im = _resized(re, m), _resized(im, m)
+    cos, sin = _dft_matrices(n, m, n, re.dtype)
+    weight = torch.full((m, 1), 2.0, dtype=re.dtype)
+    weight[0] = 1.0
+    if n % 2 == 0:
+        weight[-1] = 1.0
+    return re @ (cos * weight) - im @ (sin * weight)
+
+
+def _fft(kind: str, dims_arg: str) -> Callable:
+    """kind: c2c, ic2c (inverse), r2c, c2r, hfft; dims_arg: "1" (n, dim), "2" or "n" (s, dim)."""
+
+    def factory(call) -> Callable:
+        def fn(x, size=None, dim=None, norm=None):
+            if dims_arg == "1":
+                dims = [-1 if dim is None else dim]
+                sizes = None if size is None else [size]
+            else:
+                default = [-2, -1] if dims_arg == "2" else None
+                dims = list(dim) if dim is not None else default
+                if dims is None:
+                    dims = list(range(x.dim()))[-len(size):] if size is not None else list(range(x.dim()))
+                sizes = None if size is None else list(size)
+            dims = [d % x.dim() for d in dims]
+            if x.is_complex():
+                re, im = torch.view_as_real(x).unbind(-1)
+            else:
+                re, im = _float_values(x), None
+            if kind == "hfft":
+                im = -im  # hfft = the complex-to-real transform of the conjugate, unscaled
+            last = len(dims) - 1
+            # the one-sided dim (the last) first on real input; the complex-to-real one last
+            order = [last, *range(last)] if kind == "r2c" else list(range(len(dims)))
+            lengths = []
+            for k in order:
+                d = dims[k]
+                re = re.movedim(d, -1)
+                im = None if im is None else im.movedim(d, -1)
+                given = None if sizes is None else sizes[k]
+                if kind in ("c2r", "hfft") and k == last:
+                    n = given if given is not None else 2 * (re.shape[-1] - 1)
+                    re, im = _c2r(re, im, n), None
+                else:
+                    n = given if given is not None else re.shape[-1]
+                    re, im = _c2c(re, im, n, inverse=kind in ("ic2c", "c2r", "hfft"))
+                    if kind == "r2c" and k == last:
+                        re, im = re[..., :n // 2 + 1], im[..., :n // 2 + 1]
+                re = re.movedim(-1, d)
+                im = None if im is None else im.movedim(-1, d)
+                lengths.append(n)
+            total = math.prod(lengths)
+            inverse = kind in ("ic2c", "c2r")
+            scale = {"backward": 1.0 / total if inverse else 1.0, "forward": 1.0 if inverse else 1.0 / total,
+                     "ortho": total ** -0.5}[norm or "backward"]
+            if kind == "hfft":
+                scale = {"backward": 1.0, "forward": 1.0 / total, "ortho": total ** -0.5}[norm or "backward"]
+            re = re * scale
+            if im is None:
+                return re
+            return torch.view_as_complex(torch.stack([re, im * scale], -1))
+
+        return fn
+
+    return factory
+
+
+def _float_values(x):
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
 #: ATen op name -> factory(call) -> fn, for opsets below the newer ONNX op dynamo needs.
 LOWERINGS: dict[str, Callable] = {
     "col2im": _col2im,
@@ -288,4 +389,10 @@ LOWERINGS: dict[str, Callable] = {
     "_upsample_bicubic2d_aa": _antialiased,
     "stft": _stft,
     "bincount": _bincount,
+    "fft_fft": _fft("c2c", "1"), "fft_ifft": _fft("ic2c", "1"), "fft_rfft": _fft("r2c", "1"),
+    "fft_irfft": _fft("c2r", "1"), "fft_hfft": _fft("hfft", "1"),
+    "fft_fft2": _fft("c2c", "2"), "fft_ifft2": _fft("ic2c", "2"), "fft_rfft2": _fft("r2c", "2"),
+    "fft_irfft2": _fft("c2r", "2"), "fft_hfft2": _fft("hfft", "2"),
+    "fft_fftn": _fft("c2c", "n"), "fft_ifftn": _fft("ic2c", "n"), "fft_rfftn": _fft("r2c", "n"),
+    "fft_irfftn": _fft("c2r", "n"), "fft_hfftn": _fft("hfft", "n"),
 }

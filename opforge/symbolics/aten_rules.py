@@ -136,6 +136,7 @@ def register_all() -> None:
 
     ruled = {r.aten for r in RULES}
     aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS)
+    aten_bridge.register_complex_carriers(TORCHSCRIPT_OPSETS)
 
 
 def _torch_registry():

@@ -42,6 +42,17 @@ def _with_edges(x: torch.Tensor) -> torch.Tensor:
     return flat.reshape(x.shape)
 
 
+def _complex_sample(fn: Callable, *shape: int) -> "Sample":
+    """A sample of fn(z) on z = complex(re, im) built in the model (real inputs)."""
+    shape = shape or (3, 8)
+    return Sample(lambda re, im: fn(torch.complex(re, im)),
+                  lambda dt: (_real(dt, *shape), _real(dt, *shape, seed=3)), rtol=1e-4, atol=1e-4)
+
+
+def _fft_sample(fn: Callable, *shape: int) -> "Sample":
+    return Sample(fn, lambda dt: (_real(dt, *shape),), rtol=1e-4, atol=1e-4)
+
+
 def _nan_holed(x: torch.Tensor) -> torch.Tensor:
     """x with NaN at every fifth place (for the nan* reductions, which skip them)."""
     holes = torch.arange(x.numel()).reshape(x.shape) % 5 == 0
@@ -345,10 +356,30 @@ SAMPLES: dict[str, Sample] = {
                          lambda dt: (_real(dt, 2, 3, 2, 2), torch.tensor([[[0, 1], [2, 1]], [[1, 1], [0, 2]]]))),
     "affine_grid_generator": Sample(lambda t: F.affine_grid(t, [2, 3, 4, 5], align_corners=False),
                                     lambda dt: (_real(dt, 2, 2, 3),), dynamic=()),
+    # Complex tensors, inside the model: the bridge carries them as real pairs (dynamo's
+    # convention); the model's inputs and outputs are real. float64 makes complex128.
+    "complex": _complex_sample(lambda z: z.abs()),
+    "polar": Sample(lambda r, t: torch.view_as_real(torch.polar(r, t)),
+                    lambda dt: (_positive(dt, 3, 8), _real(dt, 3, 8, seed=3))),
+    "view_as_real": _complex_sample(lambda z: torch.view_as_real(z) * 2),
+    "view_as_complex": Sample(lambda x: torch.view_as_complex(x).abs(), lambda dt: (_real(dt, 3, 8, 2),)),
+    "imag": _complex_sample(lambda z: z.imag),
+    "fft_fft": _complex_sample(lambda z: torch.view_as_real(torch.fft.fft(z, n=10, norm="ortho"))),
+    "fft_ifft": _complex_sample(lambda z: torch.view_as_real(torch.fft.ifft(z))),
+    "fft_rfft": _fft_sample(lambda x: torch.fft.rfft(x).abs(), 3, 12),
+    "fft_irfft": _complex_sample(lambda z: torch.fft.irfft(z, n=12)),
+    "fft_hfft": _complex_sample(lambda z: torch.fft.hfft(z, norm="forward")),
+    "fft_fft2": _complex_sample(lambda z: torch.view_as_real(torch.fft.fft2(z)), 3, 4, 6),
+    "fft_ifft2": _complex_sample(lambda z: torch.view_as_real(torch.fft.ifft2(z, s=(3, 8))), 3, 4, 6),
+    "fft_fftn": _complex_sample(lambda z: torch.view_as_real(torch.fft.fftn(z, dim=(1, 2))), 3, 4, 6),
+    "fft_ifftn": _complex_sample(lambda z: torch.view_as_real(torch.fft.ifftn(z, s=(4, 5), dim=(1, 2))), 3, 4, 6),
+    "fft_rfft2": _fft_sample(lambda x: torch.view_as_real(torch.fft.rfft2(x)), 3, 4, 6),
+    "fft_rfftn": _fft_sample(lambda x: torch.fft.rfftn(x, dim=(1, 2), norm="ortho").abs(), 3, 4, 6),
+    "fft_irfft2": _complex_sample(lambda z: torch.fft.irfft2(z), 3, 4, 6),
+    "fft_irfftn": _complex_sample(lambda z: torch.fft.irfftn(z, s=(4, 7), dim=(1, 2)), 3, 4, 6),
+    "fft_hfft2": _complex_sample(lambda z: torch.fft.hfft2(z), 3, 4, 6),
+    "fft_hfftn": _complex_sample(lambda z: torch.fft.hfftn(z, dim=(1, 2)), 3, 4, 6),
 }
-
-_COMPLEX_FFT = ("complex dtypes: the TorchScript exporter has no complex tensors (dynamo handles them, with "
-                "complex values as real pairs)")
 
 #: User-facing ATen ops dynamo translates whose translation opforge does not bridge, and why.
 #: (Ops torch's TorchScript exporter already handles never get a bridge: it never shadows them.)
@@ -358,27 +389,7 @@ NOT_BRIDGED: dict[str, str] = {
     "allclose": "returns a Python bool, not a tensor: nothing to export",
     "equal": "returns a Python bool, not a tensor: nothing to export",
     "is_nonzero": "returns a Python bool, not a tensor: nothing to export",
-    "complex": "complex dtypes: the TorchScript exporter has no complex tensors",
-    "polar": "complex dtypes: the TorchScript exporter has no complex tensors",
-    "view_as_complex": "complex dtypes: the TorchScript exporter has no complex tensors",
-    "view_as_real": "complex dtypes: the TorchScript exporter has no complex tensors",
     "conj": "complex dtypes: on real tensors the tracer records nothing",
-    "fft_fft": _COMPLEX_FFT,
-    "fft_ifft": _COMPLEX_FFT,
-    "fft_rfft": _COMPLEX_FFT,
-    "fft_irfft": _COMPLEX_FFT,
-    "fft_hfft": _COMPLEX_FFT,
-    "fft_fft2": _COMPLEX_FFT,
-    "fft_ifft2": _COMPLEX_FFT,
-    "fft_fftn": _COMPLEX_FFT,
-    "fft_ifftn": _COMPLEX_FFT,
-    "fft_rfft2": _COMPLEX_FFT,
-    "fft_rfftn": _COMPLEX_FFT,
-    "fft_irfft2": _COMPLEX_FFT,
-    "fft_irfftn": _COMPLEX_FFT,
-    "fft_hfft2": _COMPLEX_FFT,
-    "fft_hfftn": _COMPLEX_FFT,
-    "imag": _COMPLEX_FFT,
 }
 
 #: User-facing ATen ops in torch's decomposition tables that the tracer records as another op
