@@ -194,6 +194,7 @@ def _single_op_sample(name):
         "rnn_tanh_cell": lambda: (lambda t: torch.rnn_tanh_cell(t, x[:, :3], x[:3], x[:3, :3]), (x,)),
         "rnn_relu_cell": lambda: (lambda t: torch.rnn_relu_cell(t, x[:, :3], x[:3], x[:3, :3]), (x,)),
         "gru_cell": lambda: (lambda t: torch.gru_cell(t, x[:, :1], x[:3], x[:3, :1]), (x,)),
+        "conj": lambda: (lambda t: torch.view_as_real(torch.complex(t, t).conj().resolve_conj()), (x,)),
     }
     if name in calls:
         return calls[name]()
@@ -237,3 +238,44 @@ def test_an_int_argument_never_resolves_to_an_out_overload():
     assert "Squeeze" in [n.op_type for n in onnx.load_from_string(f.getvalue()).graph.node]
     got = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), x[:, 0])
+
+
+def _complex_chain(fn, opset, *inputs):
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), inputs, f, dynamo=False, opset_version=opset)
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)})[0]
+
+
+@pytest.mark.parametrize("opset", [11, 20])
+def test_complex_values_cross_torch_ruled_ops_as_real_pairs(opset):
+    # mul, cat, sum, matmul, numpy_T, _conj, size: ops torch has rules for, which would read the
+    # real pair as a real tensor; on complex tensors they go to the bridge
+    a, b = torch.randn(3, 8), torch.randn(3, 8)
+
+    def fn(re, im):
+        z = torch.complex(re, im)
+        power = (z * z.conj()).real
+        gram = (z @ z.T.conj()).abs()
+        halves = torch.view_as_real(torch.cat([z, z.conj()], -1).sum(-1))
+        return power.sum(-1) + gram.sum(-1) + halves.sum(-1) + z.abs()[:, 0] * z.shape[-1]
+
+    torch.testing.assert_close(torch.from_numpy(_complex_chain(fn, opset, a, b)), fn(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_complex_values_that_torch_rules_would_misread_are_refused():
+    # The pair must never reach an op that would read it as a real tensor (a silently wrong
+    # model); the refusal names both ops.
+    a = torch.randn(2, 64)
+    window = torch.hann_window(16)
+    cases = [
+        (lambda x: torch.stft(x, 16, 4, window=window, return_complex=True).unsqueeze(0).abs(),
+         "aten::unsqueeze takes the complex result of aten::stft"),
+        (lambda x: torch.complex(x, x), "the model returns the complex result of aten::complex"),
+        (lambda x: torch.fft.rfft(x).exp().abs(), "aten::exp takes the complex result of aten::fft_rfft"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(torch.onnx.errors.SymbolicValueError, match=message):
+            torch.onnx.export(Lambda(fn), (a,), io.BytesIO(), dynamo=False, opset_version=17)
+    with pytest.raises(torch.onnx.errors.SymbolicValueError, match=r"aten::abs: a model input is a complex tensor"):
+        torch.onnx.export(Lambda(torch.abs), (torch.complex(a, a),), io.BytesIO(), dynamo=False, opset_version=17)

@@ -348,3 +348,55 @@ def test_a_call_torchs_rule_refuses_goes_to_the_bridge_and_if_both_refuse_the_er
     finally:
         torch.onnx.register_custom_op_symbolic(
             "aten::tril", aten_bridge.torch_rule_then_bridge("tril", aten_rules.torch_rule("tril", 17)), 17)
+
+
+# ---- torch.fft: DFT-matrix compositions below opset 17 (and where dynamo's DFT is invalid) ----
+
+FFT_CASES = [
+    ("fft_fft", torch.fft.fft, True, {}), ("fft_fft", torch.fft.fft, False, dict(n=10, dim=1, norm="ortho")),
+    ("fft_ifft", torch.fft.ifft, True, dict(n=4, norm="forward")), ("fft_rfft", torch.fft.rfft, False, {}),
+    ("fft_rfft", torch.fft.rfft, False, dict(n=7, dim=0, norm="forward")), ("fft_irfft", torch.fft.irfft, True, {}),
+    ("fft_irfft", torch.fft.irfft, True, dict(n=7, norm="ortho")), ("fft_hfft", torch.fft.hfft, True, {}),
+    ("fft_hfft", torch.fft.hfft, True, dict(n=9, dim=1, norm="forward")), ("fft_fft2", torch.fft.fft2, True, {}),
+    ("fft_ifft2", torch.fft.ifft2, True, dict(s=(4, 6), norm="ortho")), ("fft_rfft2", torch.fft.rfft2, False, {}),
+    ("fft_irfft2", torch.fft.irfft2, True, {}), ("fft_hfft2", torch.fft.hfft2, True, {}),
+    ("fft_fftn", torch.fft.fftn, True, {}), ("fft_ifftn", torch.fft.ifftn, True, dict(s=(3, 4), dim=(0, 2))),
+    ("fft_rfftn", torch.fft.rfftn, False, dict(dim=(0, 1))), ("fft_irfftn", torch.fft.irfftn, True, dict(s=(4, 6))),
+    ("fft_hfftn", torch.fft.hfftn, True, dict(norm="ortho")), ("fft_hfftn", torch.fft.hfftn, True, dict(dim=(0, 2))),
+]
+
+
+@pytest.mark.parametrize("name,ref,complex_input,kwargs", FFT_CASES,
+                         ids=[f"{c[0]}-{'-'.join(map(str, c[3].values())) or 'default'}" for c in FFT_CASES])
+def test_fft_compositions_match_torch_eagerly(name, ref, complex_input, kwargs):
+    # odd and even lengths, trimming and zero-padding (n/s), every norm, one-sided dims first
+    # or last: the composition torch.export traces for the bridge, against torch.fft itself
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 6, 5 if complex_input else 8, dtype=torch.complex128 if complex_input else torch.float64,
+                    generator=g)
+    kw = dict(kwargs)
+    size = kw.pop("n", kw.pop("s", None))
+    got = aten_lowerings.LOWERINGS[name](None)(x, size, kw.pop("dim", None), kw.pop("norm", None))
+    torch.testing.assert_close(got, ref(x, **kwargs), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("opset", [11, 17, 20])
+def test_log_mel_spectrogram_with_complex_stft_in_ort(opset):
+    # Whisper's front end: a complex STFT, its power (abs ** 2) without the last frame, mel
+    # filters, log. The complex values never leave the model; the batch is dynamic.
+    window = torch.hann_window(32)
+    mel = torch.rand(20, 17, generator=torch.Generator().manual_seed(1))
+
+    def fn(audio):
+        spec = torch.stft(audio, 32, 8, window=window, return_complex=True)
+        power = spec[..., :-1].abs() ** 2
+        return torch.clamp(mel @ power, min=1e-10).log10()
+
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), (torch.randn(2, 400),), f, dynamo=False, opset_version=opset, input_names=["audio"],
+                      dynamic_axes={"audio": {0: "batch"}})
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for batch in (2, 3):  # the traced batch size and another
+        audio = torch.randn(batch, 400, generator=torch.Generator().manual_seed(batch))
+        (got,) = session.run(None, {"audio": audio.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), fn(audio), rtol=1e-4, atol=1e-4)

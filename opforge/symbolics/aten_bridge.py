@@ -1207,6 +1207,9 @@ def symbolic(g, *args):
     """The TorchScript symbolic of every bridged op (registered by :func:`register`)."""
     node = g.original_node
     try:
+        if any(_is_complex(v) and v.node().kind() == "prim::Param" for v in node.inputs()):
+            raise BridgeError("a model input is a complex tensor; ONNX Runtime has no complex tensors: pass "
+                              "torch.view_as_real(z) and call torch.view_as_complex on it inside the model")
         call = call_of(node, args)
         if any(_is_complex(v) for v in node.outputs()):
             _check_complex_consumers(node, g.opset)

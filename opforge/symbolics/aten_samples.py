@@ -389,13 +389,13 @@ NOT_BRIDGED: dict[str, str] = {
     "allclose": "returns a Python bool, not a tensor: nothing to export",
     "equal": "returns a Python bool, not a tensor: nothing to export",
     "is_nonzero": "returns a Python bool, not a tensor: nothing to export",
-    "conj": "complex dtypes: on real tensors the tracer records nothing",
 }
 
 #: User-facing ATen ops in torch's decomposition tables that the tracer records as another op
 #: (an alias, or a composite it traces through); that op is what needs a rule. Measured with
 #: torch.jit.trace: the op -> what the tracer records.
 TRACED_AS: dict[str, str] = {
+    "conj": "_conj",  # on complex tensors (on real ones the tracer records nothing)
     "absolute": "abs", "arccos": "acos", "arccosh": "acosh", "arcsin": "asin", "arcsinh": "asinh",
     "arctan": "atan", "arctanh": "atanh", "arctan2": "atan2", "clip": "clamp", "fix": "trunc",
     "negative": "neg", "not_equal": "ne", "row_stack": "vstack", "moveaxis": "movedim",
