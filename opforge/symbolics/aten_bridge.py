@@ -1167,7 +1167,7 @@ def touches_complex(node) -> bool:
 
 
 def _complex_consumers(value):
-    """(node, kind) for each use of a complex value, through lists and tuples built or unpacked."""
+    """The nodes that use a complex value, through lists and tuples built or unpacked."""
     for use in value.uses():
         user = use.user
         if user.kind() in ("prim::ListConstruct", "prim::TupleConstruct", "prim::ListUnpack", "prim::TupleUnpack"):
@@ -1280,13 +1280,13 @@ def _discard_nodes_since(g, written: int) -> None:
 
 
 #: Ops torch has TorchScript rules for that the dynamo exporter also translates for complex
-#: tensors (measured: the result matches torch in ONNX Runtime). Their rules are wrapped so
-#: that a call on complex tensors goes to the bridge. Ops not listed here (unsqueeze, select,
-#: exp, pow, where, ...: dynamo cannot either) refuse a complex input.
+#: tensors (its translations checked against torch in ONNX Runtime: tests/test_aten_bridge.py).
+#: Their rules are wrapped so that a call on complex tensors goes to the bridge. Ops not listed
+#: here (unsqueeze, select, exp, pow, where, ...: dynamo cannot either) refuse a complex input.
 COMPLEX_CARRIERS: tuple[str, ...] = (
     "abs", "add", "sub", "mul", "div", "neg", "reciprocal", "sum", "mean", "matmul",
     "slice", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "flip", "roll",
-    "cat", "stack", "clone", "contiguous", "stft", "_conj", "resolve_conj", "resolve_neg", "conj_physical",
+    "cat", "stack", "clone", "contiguous", "stft", "_conj", "resolve_conj", "resolve_neg",
     "t", "numpy_T", "size",
 )
 
