@@ -363,6 +363,8 @@ FFT_CASES = [
     ("fft_fftn", torch.fft.fftn, True, {}), ("fft_ifftn", torch.fft.ifftn, True, dict(s=(3, 4), dim=(0, 2))),
     ("fft_rfftn", torch.fft.rfftn, False, dict(dim=(0, 1))), ("fft_irfftn", torch.fft.irfftn, True, dict(s=(4, 6))),
     ("fft_hfftn", torch.fft.hfftn, True, dict(norm="ortho")), ("fft_hfftn", torch.fft.hfftn, True, dict(dim=(0, 2))),
+    ("fft_ihfft", torch.fft.ihfft, False, {}), ("fft_ihfft", torch.fft.ihfft, False, dict(n=5, dim=1, norm="forward")),
+    ("fft_ihfft2", torch.fft.ihfft2, False, dict(norm="ortho")), ("fft_ihfftn", torch.fft.ihfftn, False, dict(s=(4, 9))),
 ]
 
 

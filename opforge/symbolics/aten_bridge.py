@@ -563,10 +563,11 @@ def _check_still_dynamic(call: Call, program, dynamic) -> None:
 
 class _quiet_exporter:
     # The dynamo exporter logs a warning per node about module stacks our one-op module lacks;
-    # onnx_ir one per empty list attribute (max_unpool's empty padding) it must guess a type for.
+    # onnx_ir one per empty list attribute (max_unpool's empty padding) it must guess a type for;
+    # torch.export one when a size hint of 1 specialises a dim (_translate then tries the next).
     def __enter__(self):
         self.loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "torch.export",
-                                                       "onnx_ir")]
+                                                       "onnx_ir", "torch._export.non_strict_utils")]
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
             lg.setLevel(logging.ERROR)
@@ -1229,10 +1230,13 @@ def symbolic(g, *args):
 
 #: Inputs for which torch's own rule writes a model ONNX Runtime rejects (measured: the If
 #: branches of its diagonal disagree on float64; its per-channel QuantizeLinear takes no
-#: float64): the bridge handles those calls instead.
+#: float64) or one that computes wrong values (its index_add keeps one of the rows that share
+#: an index instead of adding them all, with only a Python warning): the bridge handles those
+#: calls instead.
 _TORCH_RULE_INVALID_FOR: dict[str, Callable] = {
     "diagonal": lambda args: aten_rules._scalar_type(args[0]) == "Double",
     "fake_quantize_per_channel_affine": lambda args: aten_rules._scalar_type(args[0]) == "Double",
+    "index_add": lambda args: True,
 }
 
 

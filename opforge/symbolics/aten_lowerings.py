@@ -321,7 +321,7 @@ def _c2r(re, im, n: int):
 
 
 def _fft(kind: str, dims_arg: str) -> Callable:
-    """kind: c2c, ic2c (inverse), r2c, c2r, hfft; dims_arg: "1" (n, dim), "2" or "n" (s, dim)."""
+    """kind: c2c, ic2c (inverse), r2c, c2r, hfft, ihfft; dims_arg: "1" (n, dim), "2" or "n" (s, dim)."""
 
     def factory(call) -> Callable:
         def fn(x, size=None, dim=None, norm=None):
@@ -343,7 +343,9 @@ def _fft(kind: str, dims_arg: str) -> Callable:
                 im = -im  # hfft = the complex-to-real transform of the conjugate, unscaled
             last = len(dims) - 1
             # the one-sided dim (the last) first on real input; the complex-to-real one last
-            order = [last, *range(last)] if kind == "r2c" else list(range(len(dims)))
+            # ihfft: conj(rfft(x)) / n, which for real x is the inverse transform, one-sided
+            one_sided = kind in ("r2c", "ihfft")
+            order = [last, *range(last)] if one_sided else list(range(len(dims)))
             lengths = []
             for k in order:
                 d = dims[k]
@@ -355,14 +357,14 @@ def _fft(kind: str, dims_arg: str) -> Callable:
                     re, im = _c2r(re, im, n), None
                 else:
                     n = given if given is not None else re.shape[-1]
-                    re, im = _c2c(re, im, n, inverse=kind in ("ic2c", "c2r", "hfft"))
-                    if kind == "r2c" and k == last:
+                    re, im = _c2c(re, im, n, inverse=kind in ("ic2c", "c2r", "hfft", "ihfft"))
+                    if one_sided and k == last:
                         re, im = re[..., :n // 2 + 1], im[..., :n // 2 + 1]
                 re = re.movedim(-1, d)
                 im = None if im is None else im.movedim(-1, d)
                 lengths.append(n)
             total = math.prod(lengths)
-            inverse = kind in ("ic2c", "c2r")
+            inverse = kind in ("ic2c", "c2r", "ihfft")
             scale = {"backward": 1.0 / total if inverse else 1.0, "forward": 1.0 if inverse else 1.0 / total,
                      "ortho": total ** -0.5}[norm or "backward"]
             if kind == "hfft":
@@ -381,6 +383,23 @@ def _float_values(x):
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
 
 
+# --------------------------------------------------------------------------------------------
+# index_add: adding rows that share an index needs ScatterND's reduction (opset 16). A one-hot
+# match of the index against 0..size-1 sums them at any opset. Memory is len(index) x size.
+
+
+def _index_add(call) -> Callable:
+    def fn(x, dim, index, source, alpha=1):
+        dim = dim % max(x.dim(), 1)
+        hit = index[:, None] == torch.arange(x.shape[dim], dtype=index.dtype)[None, :]  # (n, size)
+        moved = source.movedim(dim, -1).unsqueeze(-1)  # (..., n, 1)
+        zero = torch.zeros((), dtype=source.dtype)
+        added = torch.where(hit, moved, zero).sum(-2)  # (..., size)
+        return x + alpha * added.movedim(-1, dim)
+
+    return fn
+
+
 #: ATen op name -> factory(call) -> fn, for opsets below the newer ONNX op dynamo needs.
 LOWERINGS: dict[str, Callable] = {
     "col2im": _col2im,
@@ -389,10 +408,12 @@ LOWERINGS: dict[str, Callable] = {
     "_upsample_bicubic2d_aa": _antialiased,
     "stft": _stft,
     "bincount": _bincount,
+    "index_add": _index_add,
     "fft_fft": _fft("c2c", "1"), "fft_ifft": _fft("ic2c", "1"), "fft_rfft": _fft("r2c", "1"),
     "fft_irfft": _fft("c2r", "1"), "fft_hfft": _fft("hfft", "1"),
     "fft_fft2": _fft("c2c", "2"), "fft_ifft2": _fft("ic2c", "2"), "fft_rfft2": _fft("r2c", "2"),
     "fft_irfft2": _fft("c2r", "2"), "fft_hfft2": _fft("hfft", "2"),
     "fft_fftn": _fft("c2c", "n"), "fft_ifftn": _fft("ic2c", "n"), "fft_rfftn": _fft("r2c", "n"),
+    "fft_ihfft": _fft("ihfft", "1"), "fft_ihfft2": _fft("ihfft", "2"), "fft_ihfftn": _fft("ihfft", "n"),
     "fft_irfftn": _fft("c2r", "n"), "fft_hfftn": _fft("hfft", "n"),
 }

@@ -174,7 +174,7 @@ SAMPLES: dict[str, Sample] = {
                             lambda dt: (_real(dt, 3, 4), _real(dt, 3, 2, seed=4)), dynamic=()),
     "diag_embed": Sample(torch.diag_embed, lambda dt: (_real(dt, 2, 3),)),
     "take_along_dim": Sample(lambda x, i: torch.take_along_dim(x, i, 1),
-                             lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False, dynamic=()),
+                             lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False),
     # torch has rules for these from a later opset; below it the bridge lowers them: torch's
     # decompositions of the op (tril/triu via a Range mask, not Trilu-14; einsum via MatMul,
     # not Einsum-12; ...) or opforge's compositions (aten_lowerings).
@@ -205,7 +205,7 @@ SAMPLES: dict[str, Sample] = {
         lambda x, scale, zero_point: torch.fake_quantize_per_channel_affine(x, scale, zero_point, 1, 0, 255),
         lambda dt: (_real(dt, 3, 4, lo=-20, hi=40), torch.tensor([0.1, 0.25, 0.05, 0.2]),
                     torch.tensor([0, 10, 128, 255], dtype=torch.int32)), dynamic=()),
-    # real output only: the TorchScript exporter has no complex tensors
+    # real output (return_complex=True: test_aten_lowerings, complex values as real pairs)
     "stft": Sample(lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16, dtype=x.dtype),
                                         return_complex=False),
                    lambda dt: (_real(dt, 2, 64),), rtol=1e-4, atol=1e-4),
@@ -356,6 +356,13 @@ SAMPLES: dict[str, Sample] = {
                          lambda dt: (_real(dt, 2, 3, 2, 2), torch.tensor([[[0, 1], [2, 1]], [[1, 1], [0, 2]]]))),
     "affine_grid_generator": Sample(lambda t: F.affine_grid(t, [2, 3, 4, 5], align_corners=False),
                                     lambda dt: (_real(dt, 2, 2, 3),), dynamic=()),
+    # torch has rules for these, which refuse these calls (adaptive_avg_pool1d to a size that
+    # does not divide the input, threshold other than 0) or compute them wrongly (index_add
+    # with a repeated index): the bridge takes them
+    "adaptive_avg_pool1d": Sample(lambda x: F.adaptive_avg_pool1d(x, 3), lambda dt: (_real(dt, 2, 3, 7),)),
+    "threshold": Sample(lambda x: F.threshold(x, 0.3, -1.0), lambda dt: (_edge(dt),)),
+    "index_add": Sample(lambda x, s: x.index_add(1, torch.tensor([0, 2, 0]), s, alpha=2),
+                        lambda dt: (_real(dt, 3, 4), _real(dt, 3, 3, seed=3))),
     # Complex tensors, inside the model: the bridge carries them as real pairs (dynamo's
     # convention); the model's inputs and outputs are real. float64 makes complex128.
     "complex": _complex_sample(lambda z: z.abs()),
@@ -379,6 +386,10 @@ SAMPLES: dict[str, Sample] = {
     "fft_irfftn": _complex_sample(lambda z: torch.fft.irfftn(z, s=(4, 7), dim=(1, 2)), 3, 4, 6),
     "fft_hfft2": _complex_sample(lambda z: torch.fft.hfft2(z), 3, 4, 6),
     "fft_hfftn": _complex_sample(lambda z: torch.fft.hfftn(z, dim=(1, 2)), 3, 4, 6),
+    # dynamo cannot translate these (coverage.NOT_IN_DYNAMO); opforge's DFT-matrix composition can
+    "fft_ihfft": _fft_sample(lambda x: torch.view_as_real(torch.fft.ihfft(x).resolve_conj()), 3, 12),
+    "fft_ihfft2": _fft_sample(lambda x: torch.view_as_real(torch.fft.ihfft2(x, norm="ortho")), 3, 4, 6),
+    "fft_ihfftn": _fft_sample(lambda x: torch.fft.ihfftn(x, s=(4, 9), dim=(1, 2)).abs(), 3, 4, 6),
 }
 
 #: User-facing ATen ops dynamo translates whose translation opforge does not bridge, and why.
@@ -427,8 +438,7 @@ NEITHER_EXPORTER: dict[str, str] = {
     **dict.fromkeys(["cov", "corrcoef", "ctc_loss", "histogramdd"], "torch.export fails (data-dependent shapes or values)"),
     **dict.fromkeys(["combinations", "vander", "linalg_vander", "diagonal_scatter", "as_strided_scatter",
                      "native_channel_shuffle"], "torchlib cannot translate what torch decomposes it into"),
-    "fft_ihfft": "complex dtypes, and dynamo cannot", "fft_ihfft2": "complex dtypes, and dynamo cannot",
-    "fft_ihfftn": "complex dtypes, and dynamo cannot", "linalg_eigvals": "complex dtypes, and dynamo cannot",
+    "linalg_eigvals": "complex dtypes, and dynamo cannot",
     "istft": "dynamo writes an invalid model (ORT: Type Error in its graph)",
 }
 
@@ -456,9 +466,9 @@ INTERNAL: dict[str, str] = {
     "_grouped_mm": "CUDA grouped GEMM kernel, reached only through torch.compile paths",
     "_linalg_det": "kernel behind linalg_det, which has a rule",
     "_local_scalar_dense": "Tensor.item(): the tracer records a constant",
-    "_fft_c2c": "complex FFT kernel: the TorchScript exporter has no complex tensors",
-    "_fft_c2r": "complex FFT kernel: the TorchScript exporter has no complex tensors",
-    "_fft_r2c": "complex FFT kernel: the TorchScript exporter has no complex tensors",
+    "_fft_c2c": "kernel behind the torch.fft transforms (the tracer records aten::fft_*)",
+    "_fft_c2r": "kernel behind the torch.fft transforms (the tracer records aten::fft_*)",
+    "_fft_r2c": "kernel behind the torch.fft transforms (the tracer records aten::fft_*)",
     "sym_size": "symbolic shape query of dynamo graphs (the tracer records aten::size)",
     "sym_storage_offset": "symbolic shape query of dynamo graphs",
     "copy": "dynamo's functional copy_ (the tracer records aten::copy_)",
