@@ -97,7 +97,7 @@ def _native_stdout_silenced():
 
 #: Ops dynamo cannot translate that opforge covers with a composition of its own (measured by
 #: tests/test_coverage.py, which exports each with dynamo=True and expects a failure).
-NOT_IN_DYNAMO = ("hypot", "copysign", "fmax", "fmin", "pdist", "fft_ihfft", "fft_ihfft2", "fft_ihfftn")
+NOT_IN_DYNAMO = ("hypot", "copysign", "fmax", "fmin", "pdist", "fft_ihfft2", "fft_ihfftn")
 
 
 def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]] = None) -> Coverage:

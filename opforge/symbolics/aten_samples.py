@@ -386,7 +386,8 @@ SAMPLES: dict[str, Sample] = {
     "fft_irfftn": _complex_sample(lambda z: torch.fft.irfftn(z, s=(4, 7), dim=(1, 2)), 3, 4, 6),
     "fft_hfft2": _complex_sample(lambda z: torch.fft.hfft2(z), 3, 4, 6),
     "fft_hfftn": _complex_sample(lambda z: torch.fft.hfftn(z, dim=(1, 2)), 3, 4, 6),
-    # dynamo cannot translate these (coverage.NOT_IN_DYNAMO); opforge's DFT-matrix composition can
+    # dynamo translates ihfft (its result is a conjugate view) but not ihfft2/ihfftn
+    # (coverage.NOT_IN_DYNAMO); opforge's DFT-matrix composition does all three
     "fft_ihfft": _fft_sample(lambda x: torch.view_as_real(torch.fft.ihfft(x).resolve_conj()), 3, 12),
     "fft_ihfft2": _fft_sample(lambda x: torch.view_as_real(torch.fft.ihfft2(x, norm="ortho")), 3, 4, 6),
     "fft_ihfftn": _fft_sample(lambda x: torch.fft.ihfftn(x, s=(4, 9), dim=(1, 2)).abs(), 3, 4, 6),
