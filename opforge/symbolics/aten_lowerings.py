@@ -342,8 +342,8 @@ def _fft(kind: str, dims_arg: str) -> Callable:
             if kind == "hfft":
                 im = -im  # hfft = the complex-to-real transform of the conjugate, unscaled
             last = len(dims) - 1
-            # the one-sided dim (the last) first on real input; the complex-to-real one last
-            # ihfft: conj(rfft(x)) / n, which for real x is the inverse transform, one-sided
+            # The one-sided dim (the last) goes first, on the real input; the complex-to-real one
+            # last. ihfft is conj(rfft(x)) / n: for a real x, the inverse transform, one-sided.
             one_sided = kind in ("r2c", "ihfft")
             order = [last, *range(last)] if one_sided else list(range(len(dims)))
             lengths = []
@@ -364,11 +364,10 @@ def _fft(kind: str, dims_arg: str) -> Callable:
                 im = None if im is None else im.movedim(-1, d)
                 lengths.append(n)
             total = math.prod(lengths)
+            # hfft, although computed with inverse matrices, is scaled as a forward transform
             inverse = kind in ("ic2c", "c2r", "ihfft")
             scale = {"backward": 1.0 / total if inverse else 1.0, "forward": 1.0 if inverse else 1.0 / total,
                      "ortho": total ** -0.5}[norm or "backward"]
-            if kind == "hfft":
-                scale = {"backward": 1.0, "forward": 1.0 / total, "ortho": total ** -0.5}[norm or "backward"]
             re = re * scale
             if im is None:
                 return re
