@@ -312,3 +312,29 @@ def test_each_op_torch_rules_that_carries_complex_values_matches_torch(name):
     graph = torch.jit.trace(Lambda(fn), (a, b), check_trace=False).graph
     assert f"aten::{name}" in {n.kind() for n in graph.nodes()}
     torch.testing.assert_close(torch.from_numpy(_complex_chain(fn, 11, a, b)), fn(a, b), rtol=1e-6, atol=1e-6)
+
+
+def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
+    # Why every index_add goes to the bridge (aten_bridge._TORCH_RULE_INVALID_FOR): without
+    # opforge, torch's rule keeps one of the rows that share an index. If a torch upgrade fixes
+    # it, this fails, and the override can go.
+    code = (
+        "import io, json, warnings, torch, onnxruntime as ort\n"
+        "warnings.simplefilter('ignore')\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x, s):\n"
+        "        return x.index_add(1, torch.tensor([0, 2, 0]), s)\n"
+        "x, s = torch.zeros(2, 4), torch.ones(2, 3)\n"
+        "f = io.BytesIO()\n"
+        "torch.onnx.export(M(), (x, s), f, dynamo=False, opset_version=17)\n"
+        "sess = ort.InferenceSession(f.getvalue(), providers=['CPUExecutionProvider'])\n"
+        "got = sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), (x, s))})[0]\n"
+        "print(json.dumps([got[0].tolist(), M()(x, s)[0].tolist()]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    torch_alone, eager = json.loads(out.stdout.strip().splitlines()[-1])
+    assert eager == [2.0, 0.0, 1.0, 0.0]  # both rows for index 0 added
+    assert torch_alone == [1.0, 0.0, 1.0, 0.0]  # one of them kept
+    sample = SAMPLES["index_add"]
+    _check_round_trip(sample, sample.inputs(torch.float32), 17, torch.float32)  # with opforge: right
