@@ -36,7 +36,7 @@ class OpDiagnosis:
     op: str  # "aten::cummax", "torchvision::roi_align"
     is_aten: bool
     onnx_equivalent: Optional[str]  # "Asinh (opset 9+)" or None
-    way: str  # "symbolic" | "ATen fallback" | "custom op"
+    way: str  # "symbolic" | "ATen fallback" | "custom op" | "rewrite"
     advice: str
 
     def __str__(self) -> str:
@@ -151,7 +151,32 @@ def classify(op: str, opset: int) -> OpDiagnosis:
                        "opforge.ort_session (registers libopforge_aten), or rewrite it with supported ops")
 
 
-def _torchscript_unsupported(model, args, opset) -> list[str]:
+def complex_input_diagnosis(op: str, opset: int) -> OpDiagnosis:
+    """An op that torch has a rule for, given a complex tensor its rule cannot read (opforge
+    carries complex values as real pairs only through the ops dynamo translates for them)."""
+    # (not the ATen fallback: ONNX Runtime has no complex tensors for it to take either)
+    return OpDiagnosis(op, True, None, "rewrite",
+                       f"it takes a complex tensor, which opforge carries (as real pairs) only through the ops "
+                       f"the dynamo exporter translates for complex tensors, and {op} is not one at opset {opset}: "
+                       "convert to real values before it (torch.view_as_real, .abs(), .real, .imag), or rewrite "
+                       "it with those ops")
+
+
+def _torchscript_complex_misreads(graph, opset) -> list[str]:
+    # What the bridge refuses at export: an op that would read a complex value's real pair
+    # as a plain tensor.
+    from .symbolics import aten_bridge
+
+    found = []
+    for node in graph.nodes():
+        kind = node.kind()
+        if (kind.startswith("aten::") and kind not in found and any(aten_bridge._is_complex(v) for v in node.inputs())
+                and not aten_bridge.handles_complex(kind, opset)):
+            found.append(kind)
+    return found
+
+
+def _torchscript_unsupported(model, args, opset) -> tuple[list[str], list[str]]:
     from torch.onnx._internal.torchscript_exporter import registration, utils
 
     utils._trigger_symbolic_function_registration()
@@ -168,7 +193,7 @@ def _torchscript_unsupported(model, args, opset) -> list[str]:
         bridged = bridge_coverage().get(kind.split("::")[-1]) if kind.startswith("aten::") else None
         if not registry.is_registered_op(kind, opset) or (bridged is not None and opset not in bridged):
             missing.append(kind)
-    return missing
+    return missing, [k for k in _torchscript_complex_misreads(graph, opset) if k not in missing]
 
 
 def _dynamo_unsupported(model, args, kwargs, dynamic_shapes) -> list[str]:
@@ -197,8 +222,10 @@ def diagnose(model, args: tuple, *, dynamo: bool = False, opset_version: Optiona
         ops = _dynamo_unsupported(model, args, kwargs, dynamic_shapes)
     else:
         opset = opset_version or TORCHSCRIPT_OPSETS[-1]
-        ops = _torchscript_unsupported(model, args, opset)
-    return Diagnosis("dynamo" if dynamo else "TorchScript", opset, [classify(op, opset) for op in ops])
+        ops, complex_misreads = _torchscript_unsupported(model, args, opset)
+        return Diagnosis("TorchScript", opset, [classify(op, opset) for op in ops]
+                         + [complex_input_diagnosis(op, opset) for op in complex_misreads])
+    return Diagnosis("dynamo", opset, [classify(op, opset) for op in ops])
 
 
 class ExportError(RuntimeError):

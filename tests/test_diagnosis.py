@@ -1,5 +1,7 @@
 """opforge.diagnose and the errors of opforge.export: which op, ATen or not, ONNX equivalent or
-not, and which way applies (symbolic, custom op, ATen fallback)."""
+not, and which way applies (symbolic, custom op, ATen fallback, or a rewrite)."""
+
+import io
 
 import pytest
 import torch
@@ -90,3 +92,22 @@ def test_diagnose_knows_the_bridge_coverage():
     assert [d.op for d in low.unsupported] == ["aten::logcumsumexp", "aten::hypot"]
     text = str(low)
     assert "opforge's ATen bridge (opset 11+)" in text and "raise the opset to 11" in text
+
+
+def test_diagnose_knows_which_ops_carry_complex_values():
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()
+
+    class Exp(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).exp().abs()
+
+    x = torch.randn(2, 16)
+    assert opforge.diagnose(Spectrum(), (x,), opset_version=11).ok
+    found = opforge.diagnose(Exp(), (x,), opset_version=11)
+    # aten::exp has a torch rule, which would read the complex value's real pair as a tensor
+    assert [(d.op, d.way) for d in found.unsupported] == [("aten::exp", "rewrite")]
+    assert "complex tensor" in str(found) and "view_as_real" in str(found)
+    with pytest.raises(torch.onnx.errors.SymbolicValueError, match="aten::exp takes the complex result"):
+        torch.onnx.export(Exp(), (x,), io.BytesIO(), dynamo=False, opset_version=11)
