@@ -338,3 +338,18 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
     assert torch_alone == [1.0, 0.0, 1.0, 0.0]  # one of them kept
     sample = SAMPLES["index_add"]
     _check_round_trip(sample, sample.inputs(torch.float32), 17, torch.float32)  # with opforge: right
+
+
+def test_a_dynamic_dim_fixed_in_the_translation_is_refused():
+    # torch.export keeps take_along_dim's batch a SymInt but fixes its value, and the
+    # translation expands to that size: a model that would be wrong for every other batch
+    # (a batch of 1 silently broadcast to the traced size). The bridge compares the
+    # translations at two sizes and refuses.
+    fn = lambda x, i: torch.take_along_dim(x, i, 1)
+    x, i = torch.arange(12).reshape(3, 4), torch.tensor([[0], [3], [1]])
+    with pytest.raises(torch.onnx.errors.SymbolicValueError, match="a dynamic dim of its inputs is fixed"):
+        torch.onnx.export(Lambda(fn), (x, i), io.BytesIO(), dynamo=False, opset_version=17, input_names=["x", "i"],
+                          dynamic_axes={"x": {0: "batch"}, "i": {0: "batch"}})
+    # chain_matmul's batch is fixed the same way, but its translation does not use it: exported
+    sample = SAMPLES["chain_matmul"]
+    _check_round_trip(sample, sample.inputs(torch.float32), 17, torch.float32)

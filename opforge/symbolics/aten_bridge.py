@@ -478,11 +478,6 @@ translate.cache_info = _translate_cached.cache_info
 
 
 def _translate(call: Call, form: Form) -> onnx.ModelProto:
-    from onnxscript import ir
-    from onnxscript import optimizer
-    from onnxscript.ir.passes import common as passes
-    from torch.onnx._internal.exporter import _core
-
     infos = _flat_tensors(call)
     dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in infos)
     # A dynamic dim's traced size is not in the graph. Try a neutral size; then the static sizes
@@ -501,14 +496,13 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         fn = aten_lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
     with _LOCK, _quiet_exporter():
         for attempt, (hint, must_stay_dynamic) in enumerate(hints):
-            examples = tuple(i.example(hint) for i in infos)
             try:
-                program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
-                if must_stay_dynamic:
-                    _check_still_dynamic(call, program, dynamic)
-                if form in (Form.DECOMPOSED, Form.CORE_ATEN, Form.DEEP):
-                    program = _decompose(call, program, form)
-                model = _core.exported_program_to_ir(program, registry=torchlib_registry())
+                proto, specialised = _exported(call, fn, form, hint, dynamic, must_stay_dynamic)
+                if specialised and _nodes_of(proto) != _nodes_of(
+                        _exported(call, fn, form, hint + 2, dynamic, must_stay_dynamic)[0]):
+                    # the size hint is in the graph: it would be wrong for every other size
+                    raise BridgeError(f"{call.overload}: a dynamic dim of its inputs is fixed in its translation; "
+                                      "export it with static sizes")
                 break
             except BridgeError:
                 raise
@@ -516,13 +510,6 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
                 if attempt == len(hints) - 1:
                     raise BridgeError(f"{call.overload}: the dynamo exporter cannot translate it either "
                                       f"({_first_line(exc)})") from exc
-        passes.InlinePass()(model)
-        passes.RemoveUnusedFunctionsPass()(model)
-        # Folding constants (as the dynamo exporter's optimize() does) turns computed axes and
-        # shapes into constants, which older opsets need as attributes.
-        optimizer.fold_constants(model)
-        optimizer.remove_unused_nodes(model)
-        proto = ir.serde.serialize_model(model)
     if len(proto.graph.input) != len(infos):
         raise BridgeError(f"{call.overload}: the translated graph has {len(proto.graph.input)} inputs, "
                           f"expected {len(infos)}")
@@ -532,6 +519,34 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         # (measured: torchlib's fft_fft with n= on complex input declares a complex64 value)
         raise BridgeError(f"{call.overload}: the dynamo exporter's translation is not valid ONNX "
                           f"({_first_line(exc)})") from None
+
+
+def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic: bool) -> tuple:
+    """(the ONNX model of ``call`` traced with dynamic dims of size ``hint``, whether torch.export
+    specialised a dynamic dim to that size)."""
+    from onnxscript import ir
+    from onnxscript import optimizer
+    from onnxscript.ir.passes import common as passes
+    from torch.onnx._internal.exporter import _core
+
+    examples = tuple(i.example(hint) for i in _flat_tensors(call))
+    program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
+    specialised = _check_still_dynamic(call, program, dynamic) if must_stay_dynamic else False
+    if form in (Form.DECOMPOSED, Form.CORE_ATEN, Form.DEEP):
+        program = _decompose(call, program, form)
+    model = _core.exported_program_to_ir(program, registry=torchlib_registry())
+    passes.InlinePass()(model)
+    passes.RemoveUnusedFunctionsPass()(model)
+    # Folding constants (as the dynamo exporter's optimize() does) turns computed axes and
+    # shapes into constants, which older opsets need as attributes.
+    optimizer.fold_constants(model)
+    optimizer.remove_unused_nodes(model)
+    return ir.serde.serialize_model(model), specialised
+
+
+def _nodes_of(proto: onnx.ModelProto) -> list:
+    # the computation, without the graph inputs' (possibly static) shapes
+    return [n.SerializeToString() for n in proto.graph.node] + [t.SerializeToString() for t in proto.graph.initializer]
 
 
 def _int_constants(args) -> set:
@@ -546,19 +561,27 @@ def _int_constants(args) -> set:
     return found
 
 
-def _check_still_dynamic(call: Call, program, dynamic) -> None:
+def _check_still_dynamic(call: Call, program, dynamic) -> bool:
     # A dim that torch.export specialised to the neutral size would be baked into the graph
     # as 5: wrong at run time. (Sizes taken from other inputs, tried later, are specialised
     # because the op ties the dim to that input's static size: right.)
     # The call's tensors only: constants the module lifts (a lowering's weights) come first.
+    # A SymInt whose value is a constant (take_along_dim's, chain_matmul's) may or may not be in
+    # the graph: True tells the caller to compare with another size.
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
     user_inputs = set(program.graph_signature.user_inputs)
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs]
+    specialised = False
     for index, (node, dims) in enumerate(zip(placeholders, dynamic)):
         val = node.meta.get("val")
         for d in dims:
-            if val is not None and not isinstance(val.shape[d], torch.SymInt):
+            if val is not None and isinstance(val.shape[d], torch.SymInt) and is_concrete_int(val.shape[d]):
+                specialised = True
+            elif val is not None and not isinstance(val.shape[d], torch.SymInt):
                 raise BridgeError(f"{call.overload}: dim {d} of tensor input {index} is dynamic in the graph, "
                                   "but the op's translation needs it static; export it with a static size")
+    return specialised
 
 
 class _quiet_exporter:
