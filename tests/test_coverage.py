@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opforge import coverage
-from opforge.symbolics import aten_samples
+from opforge.symbolics import aten_rules, aten_samples
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,19 @@ def test_opforge_adds_coverage_at_every_opset_and_never_removes_torchs(measured)
                  "xlogy", "erfc", "frac", "sinc", "signbit", "addcdiv", "addr", "logcumsumexp", "angle", "copysign"]:
         assert all(name in measured.with_opforge[o] for o in range(11, 21)), name
         assert not any(name in measured.torch_only[o] for o in range(9, 21)), name
+
+
+def test_a_call_torchs_own_rule_refuses_counts_in_neither_column(measured):
+    # torch has rules for these at 9 and 10, but they refuse the sampled call (a size that does
+    # not divide the input; a threshold other than 0) and the bridge needs opset 11 for it
+    for name in ["adaptive_avg_pool1d", "threshold"]:
+        for o in (9, 10):
+            assert aten_rules.has_torch_rule(name, o), (name, o)
+            assert name not in measured.torch_only[o] and name not in measured.with_opforge[o], (name, o)
+            why = measured.refused[(name, o)]
+            assert why.startswith("Unsupported: ONNX export of operator") and coverage.TORCH_REFUSED_FIRST in why
+        # from 11 the bridge takes the call torch's rule refuses
+        assert all(name in measured.with_opforge[o] for o in range(11, 21)), name
 
 
 def test_every_not_covered_op_has_a_reason(measured):
