@@ -340,16 +340,54 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
     _check_round_trip(sample, sample.inputs(torch.float32), 17, torch.float32)  # with opforge: right
 
 
-def test_a_dynamic_dim_fixed_in_the_translation_is_refused():
-    # torch.export keeps take_along_dim's batch a SymInt but fixes its value, and the
-    # translation expands to that size: a model that would be wrong for every other batch
-    # (a batch of 1 silently broadcast to the traced size). The bridge compares the
-    # translations at two sizes and refuses.
+def _clear_bridge_caches():
+    aten_bridge._translate_cached.cache_clear()
+    aten_bridge.lowered.cache_clear()
+
+
+def test_a_dynamic_dim_fixed_in_the_translation_is_refused(monkeypatch):
+    # torch.export keeps take_along_dim's batch a SymInt but fixes its value, and torch's
+    # decomposition expands to that size: a model that would be wrong for every other batch
+    # (a batch of 1 silently broadcast to the traced size). Without opforge's composition the
+    # bridge compares the translations at two sizes and refuses.
+    monkeypatch.delitem(aten_bridge.CURATED, "take_along_dim")
+    _clear_bridge_caches()
     fn = lambda x, i: torch.take_along_dim(x, i, 1)
     x, i = torch.arange(12).reshape(3, 4), torch.tensor([[0], [3], [1]])
-    with pytest.raises(torch.onnx.errors.SymbolicValueError, match="a dynamic dim of its inputs is fixed"):
-        torch.onnx.export(Lambda(fn), (x, i), io.BytesIO(), dynamo=False, opset_version=17, input_names=["x", "i"],
-                          dynamic_axes={"x": {0: "batch"}, "i": {0: "batch"}})
+    try:
+        with pytest.raises(torch.onnx.errors.SymbolicValueError, match="a dynamic dim of its inputs is fixed"):
+            torch.onnx.export(Lambda(fn), (x, i), io.BytesIO(), dynamo=False, opset_version=17, input_names=["x", "i"],
+                              dynamic_axes={"x": {0: "batch"}, "i": {0: "batch"}})
+    finally:
+        _clear_bridge_caches()  # the refusal is cached
     # chain_matmul's batch is fixed the same way, but its translation does not use it: exported
     sample = SAMPLES["chain_matmul"]
     _check_round_trip(sample, sample.inputs(torch.float32), 17, torch.float32)
+
+
+@pytest.mark.parametrize("opset", [11, 17, 20])
+@pytest.mark.parametrize("dim", [1, -1, 0, None])
+def test_take_along_dim_broadcasts_dynamic_batches_at_run_time(dim, opset):
+    # x and indices with separate dynamic batches: each broadcasts against the other (a batch
+    # of 1 to the other's) at run time, as in torch
+    fn = lambda x, i: torch.take_along_dim(x, i, dim)
+    x = torch.arange(12.).reshape(3, 4)
+    i = {0: torch.tensor([[0, 2, 1, 2]]), None: torch.tensor([[0, 11], [3, 5], [1, 1]])}.get(dim, torch.tensor([[0], [3], [1]]))
+    f = io.BytesIO()
+    torch.onnx.export(Lambda(fn), (x, i), f, dynamic_axes={"x": {0: "xb"}, "i": {0: "ib"}}, dynamo=False,
+                      opset_version=opset, input_names=["x", "i"])
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(opset)
+    checked = 0
+    for xb, ib in [(3, 3), (1, 3), (5, 1), (1, 1), (6, 6)]:
+        if dim == 0 and xb != ib and 1 not in (xb, ib):
+            continue
+        xx = torch.randn(xb, 4, dtype=torch.float64, generator=gen).float()
+        high = xb if dim == 0 else (xb * 4 if dim is None else 4)
+        ii = torch.randint(0, high, (ib, i.shape[1]), generator=gen)
+        expected = torch.take_along_dim(xx, ii, dim)
+        out = session.run(None, {"x": xx.numpy(), "i": ii.numpy()})[0]
+        assert out.shape == tuple(expected.shape), (xb, ib)
+        torch.testing.assert_close(torch.from_numpy(out), expected, rtol=0, atol=0)
+        checked += 1
+    assert checked >= 4

@@ -323,6 +323,20 @@ def _copysign(a, b):
     return torch.where(_signbit(b), -magnitude, magnitude)
 
 
+def _take_along_dim(x, indices, dim=None):
+    # torch's decomposition broadcasts with sizes it reads from the example inputs: torch.export
+    # keeps a dynamic batch a SymInt but fixes it to the traced size, and the graph expands to
+    # it (a batch of 1 silently broadcast to 5 rows). Here every broadcast is a Where, which ONNX
+    # broadcasts at run time: x against indices' shape and indices against x's, each with `dim`
+    # taken from itself (a size-1 slice along dim of the other), then GatherElements.
+    if dim is None:
+        return torch.gather(x.reshape(-1), 0, indices.reshape(-1))
+    dim = dim % x.dim()
+    like_indices = torch.zeros_like(indices.narrow(dim, 0, 1), dtype=torch.bool)
+    like_x = torch.zeros_like(x.narrow(dim, 0, 1), dtype=torch.bool)
+    return torch.gather(torch.where(like_indices, x, x), dim, torch.where(like_x, indices, indices))
+
+
 #: Chebyshev fit of erfc(z)·exp(z²)·(1 + z/2) in t = 1/(1 + z/2), z >= 0, relative error
 #: below 1.2e-7 everywhere (Press et al., Numerical Recipes, "erfcc").
 _ERFCX_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
@@ -380,6 +394,7 @@ CURATED: dict[str, Callable] = {
     "fmin": _fmin,
     "special_erfcx": _erfcx,
     "special_log_ndtr": _log_ndtr,
+    "take_along_dim": _take_along_dim,
     "scatter_reduce": aten_lowerings.scatter_reduce_one_hot,
     "cross_entropy_loss": aten_lowerings.cross_entropy_one_hot_smoothing,
 }

@@ -174,7 +174,7 @@ SAMPLES: dict[str, Sample] = {
                             lambda dt: (_real(dt, 3, 4), _real(dt, 3, 2, seed=4)), dynamic=()),
     "diag_embed": Sample(torch.diag_embed, lambda dt: (_real(dt, 2, 3),)),
     "take_along_dim": Sample(lambda x, i: torch.take_along_dim(x, i, 1),
-                             lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False, dynamic=()),
+                             lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False),
     # torch has rules for these from a later opset; below it the bridge lowers them: torch's
     # decompositions of the op (tril/triu via a Range mask, not Trilu-14; einsum via MatMul,
     # not Einsum-12; ...) or opforge's compositions (aten_lowerings).
