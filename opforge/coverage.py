@@ -100,15 +100,10 @@ def _native_stdout_silenced():
 NOT_IN_DYNAMO = ("hypot", "copysign", "fmax", "fmin", "pdist", "fft_ihfft2", "fft_ihfftn")
 
 
-#: What :func:`aten_bridge.torch_rule_then_bridge` adds to torch's own refusal when the bridge
-#: cannot take the call either.
-TORCH_REFUSED_FIRST = "and opforge's ATen bridge cannot export it either"
-
-
 def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]] = None) -> Coverage:
     import opforge  # noqa: F401  (rules registered)
 
-    from .symbolics import aten_rules, aten_samples
+    from .symbolics import aten_bridge, aten_rules, aten_samples
 
     internal = dict(aten_samples.INTERNAL)
     samples = aten_samples.SAMPLES
@@ -139,7 +134,7 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
                 # The bridge runs only after torch's own rule refused the call (adaptive_avg_pool1d
                 # to a size that does not divide the input at 9-10): torch alone cannot export it
                 # either, so neither column counts the op there.
-                if TORCH_REFUSED_FIRST in why:
+                if aten_bridge.BRIDGE_REFUSED_TOO in why:
                     torch_only[opset].discard(name)
         # An alias dynamo lists (conj) is covered where every op the tracer records for it is
         # (conj: _conj, torch's rule, which sends complex calls to the bridge).

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opforge import coverage
-from opforge.symbolics import aten_rules, aten_samples
+from opforge.symbolics import aten_bridge, aten_rules, aten_samples
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_a_call_torchs_own_rule_refuses_counts_in_neither_column(measured):
             assert aten_rules.has_torch_rule(name, o), (name, o)
             assert name not in measured.torch_only[o] and name not in measured.with_opforge[o], (name, o)
             why = measured.refused[(name, o)]
-            assert why.startswith("Unsupported: ONNX export of operator") and coverage.TORCH_REFUSED_FIRST in why
+            assert why.startswith("Unsupported: ONNX export of operator") and aten_bridge.BRIDGE_REFUSED_TOO in why
         # from 11 the bridge takes the call torch's rule refuses
         assert all(name in measured.with_opforge[o] for o in range(11, 21)), name
 

@@ -1278,6 +1278,11 @@ _TORCH_RULE_INVALID_FOR: dict[str, Callable] = {
 }
 
 
+#: Follows torch's own refusal where the bridge cannot take the call either (opforge coverage
+#: reads it: torch alone cannot export such a call).
+BRIDGE_REFUSED_TOO = "and opforge's ATen bridge cannot export it either"
+
+
 def torch_rule_then_bridge(name: str, torch_rule: Callable) -> Callable:
     """At an opset where torch has its own rule for ``aten::<name>``: torch's rule, always first;
     the bridge only where torch's rule refuses the call's arguments (cross_entropy's
@@ -1300,8 +1305,8 @@ def torch_rule_then_bridge(name: str, torch_rule: Callable) -> Callable:
                 return symbolic(g, *args)
             except errors.SymbolicValueError as bridge_exc:
                 reason = str(bridge_exc).split("  [Caused")[0].removeprefix("opforge's ATen bridge cannot export ")
-                raise errors.SymbolicValueError(f"{str(exc).split('  [Caused')[0]} (and opforge's ATen bridge cannot "
-                                                f"export it either: {reason})", list(g.original_node.outputs())[0]) from None
+                raise errors.SymbolicValueError(f"{str(exc).split('  [Caused')[0]} ({BRIDGE_REFUSED_TOO}: {reason})",
+                                                list(g.original_node.outputs())[0]) from None
         outputs = list(g.original_node.outputs())
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(outputs) > 1 and any(r is None and o.uses() for r, o in zip(results, outputs)):
