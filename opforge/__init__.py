@@ -31,6 +31,7 @@ from .registration import OpInputError, OpRegistrationError, check_library, chec
 from .spec import AttrArg, OpSpec, TensorArg
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .symbolics import standard_onnx, translation_table
+from .symbolics.aten_policy import AtenOpRefused
 
 __version__ = "0.2.0"
 
@@ -48,6 +49,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AtenOpRefused",
     "AttrArg",
     "BUILT_WITH_CUDA",
     "DeformConv2d",

@@ -37,6 +37,7 @@ def export(
     dynamic_axes: Optional[Mapping[str, Any]] = None,
     kwargs: Optional[dict] = None,
     aten_fallback: bool = False,
+    allow_aten: Optional[Sequence[str]] = None,
     check: bool = True,
     **export_options: Any,
 ) -> onnx.ModelProto:
@@ -53,8 +54,14 @@ def export(
       (TorchScript: ``ONNX_ATEN_FALLBACK``; dynamo: opforge's equivalent fallback) instead of
       failing the export. Never silent: an :class:`AtenFallbackWarning` names the ops, and the
       model's ``metadata_props["opforge.aten_fallback"]`` lists them. Run such models with
-      ``opforge.ort_session`` (registers ``libopforge_aten``).
+      ``opforge.ort_session`` (registers ``libopforge_aten``). An op libopforge_aten refuses by
+      default (it reads files, draws random numbers...: :mod:`opforge.symbolics.aten_policy`) fails
+      the export unless ``allow_aten`` names it; the session then needs the same ``allow_aten``.
     * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
+
+    Both exporters export the model in eval mode (dropout off, batch norm's running statistics),
+    as ``torch.onnx.export(..., dynamo=False)`` does; a model in training mode is switched for the
+    export and back.
 
     Other keyword arguments go to ``torch.onnx.export`` unchanged. Writes ``f`` if given.
 
@@ -78,16 +85,18 @@ def export(
         if dynamic_shapes is not None:
             raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
     try:
-        proto = _run_exporter(model, args, dynamo=dynamo, opset=opset, standard=standard, input_names=input_names,
-                              output_names=output_names, dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes,
-                              kwargs=kwargs, aten_fallback=aten_fallback, export_options=export_options)
+        with _in_eval_mode(model, dynamo):
+            proto = _run_exporter(model, args, dynamo=dynamo, opset=opset, standard=standard, input_names=input_names,
+                                  output_names=output_names, dynamic_shapes=dynamic_shapes,
+                                  dynamic_axes=dynamic_axes, kwargs=kwargs, aten_fallback=aten_fallback,
+                                  export_options=export_options)
     except Exception as exc:
         explained = None if aten_fallback else _explain_failure(
             exc, model, args, dynamo=dynamo, opset=opset, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
         if explained is None:
             raise
         raise explained from exc
-    proto, aten_ops = _aten.prepare(proto)
+    proto, aten_ops = _aten.prepare(proto, allow_aten)
     if aten_ops:
         onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
                                             "opforge.aten_fallback": ",".join(aten_ops)})
@@ -99,6 +108,22 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+@contextlib.contextmanager
+def _in_eval_mode(model, dynamo: bool):
+    """Both exporters export inference models: the TorchScript exporter switches the model to
+    eval mode by itself (``training=TrainingMode.EVAL``), the dynamo exporter exports whatever mode
+    the model is in and warns. opforge.export gives both the TorchScript exporter's behaviour;
+    the model's mode is restored afterwards."""
+    if not dynamo or not isinstance(model, torch.nn.Module) or not model.training:
+        yield
+        return
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
 
 
 @contextlib.contextmanager

@@ -33,17 +33,20 @@ from typing import Optional
 import torch
 
 from .ops import _registry
-from .ops.deform_conv2d import _compatible_bias, _input_error, deform_conv2d
+from .ops.deform_conv2d import _compatible_bias, _input_error, _output_shape, deform_conv2d
 from .registration import OpInputError
 
 _OP = "opforge::deform_conv2d"
 
 
-def _check_unused_mask(input: torch.Tensor, mask: torch.Tensor) -> None:
+def _check_unused_mask_shape(input: torch.Tensor, mask: torch.Tensor) -> None:
     # torchvision's kernel reads the mask's batch size and dtype whether or not use_mask is set
     if mask.dim() == 0 or mask.shape[0] != input.shape[0]:
         raise OpInputError(f"{_OP}: invalid batch size of mask: mask has shape {list(mask.shape)}, input has batch "
                            f"{input.shape[0]} (checked even when use_mask is false, as torchvision does)")
+
+
+def _check_unused_mask_dtype(input: torch.Tensor, mask: torch.Tensor) -> None:
     if mask.dtype != input.dtype:
         raise OpInputError(f"{_OP}: mask has dtype {mask.dtype} but input has dtype {input.dtype}; all must match "
                            "(checked even when use_mask is false, as torchvision does)")
@@ -56,8 +59,13 @@ def _forward_kernel(input, weight, offset, mask, bias, stride_h, stride_w, pad_h
         if input.dim() != 4 or weight.dim() != 4:  # the op's own check, before weight.shape[0] is read
             raise OpInputError(f"{_OP}: input and weight must be 4-D, got shapes {list(input.shape)} and "
                                f"{list(weight.shape)}")
-        if not use_mask:
-            _check_unused_mask(input, mask)
+        if not use_mask:  # shapes first (the op's own), then dtypes: torchvision's order
+            _check_unused_mask_shape(input, mask)
+            # (the bias is checked by torchvision's looser rule in _compatible_bias)
+            _output_shape(list(input.shape), list(weight.shape), list(offset.shape), list(mask.shape),
+                          [weight.shape[0]], stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                          offset_groups, False)
+            _check_unused_mask_dtype(input, mask)
         bias_for_op, bias_after = _compatible_bias(bias, input, weight.shape[0])
         out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h,
                                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)

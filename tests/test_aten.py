@@ -323,3 +323,63 @@ def test_g_at_with_a_bool_argument_given_as_an_int_attribute():
     x = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_array_equal(got, torch.any(torch.cumsum(x, 0), 1, keepdim=True).numpy())
+
+
+# ---- chains of hand-written ATen nodes (the reference documents' Caffe2-era flow) ----------
+
+class _MulAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * x + y
+
+    @staticmethod
+    def symbolic(g, x, y):
+        return g.at("add", g.at("mul", x, x), y)  # ATen -> ATen
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.pow(2.0)
+
+    @staticmethod
+    def symbolic(g, x):
+        return g.at("pow", x, exponent_f=2.0)
+
+
+class _AtenChain(torch.nn.Module):
+    """ATen -> ATen -> ATen, and (``standard_between``) ATen -> Relu -> ATen."""
+
+    def __init__(self, standard_between: bool):
+        super().__init__()
+        self.standard_between = standard_between
+
+    def forward(self, x, y):
+        z = _MulAdd.apply(x, y)
+        if self.standard_between:
+            z = torch.relu(z)
+        return _Square.apply(z)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 17])
+@pytest.mark.parametrize("standard_between", [False, True], ids=["aten-aten-aten", "aten-relu-aten"])
+@pytest.mark.parametrize("how", ["plain-torch.onnx.export", "opforge.export"])
+def test_chained_g_at_nodes_are_typed_and_run(how, standard_between, opset):
+    model = _AtenChain(standard_between)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    kw = dict(dynamo=False, opset_version=opset, input_names=["x", "y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    if how == "opforge.export":
+        with pytest.warns(aten_fallback.AtenFallbackWarning):
+            proto = opforge.export(model, (x, y), aten_fallback=True, **kw)
+    else:
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (x, y), f, operator_export_type=torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK,
+                              **kw)
+        proto = onnx.load_from_string(f.getvalue())
+    kinds = [n.op_type for n in proto.graph.node if n.op_type != "Constant"]
+    assert kinds == ["ATen", "ATen"] + (["Relu"] if standard_between else []) + ["ATen"]
+    x5, y5 = torch.randn(5, 4), torch.randn(5, 4)
+    (got,) = opforge.ort_session(proto).run(None, {"x": x5.numpy(), "y": y5.numpy()})
+    np.testing.assert_allclose(got, model(x5, y5).numpy(), rtol=1e-6)

@@ -285,3 +285,43 @@ def test_small_dcn_resnet_runs_in_ort(dcn_cls, exporter, opset):
         expected = model(x).numpy()
     (got,) = opforge.ort_session(proto).run(None, {"x": x.numpy()})
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+class _DcnBlock(torch.nn.Module):
+    """What users export: offsets and mask from a conv, opforge's DeformConv2d (in training mode,
+    as a freshly built model is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset_mask = torch.nn.Conv2d(4, 27, 3, padding=1)
+        self.dcn = opforge.DeformConv2d(4, 6, 3, padding=1)
+
+    def forward(self, x):
+        om = self.offset_mask(x)
+        return self.dcn(x, om[:, :18], torch.sigmoid(om[:, 18:]))
+
+
+@pytest.mark.parametrize("how", ["opforge.export-torchscript", "opforge.export-dynamo", "torch.onnx.export-torchscript"])
+def test_a_clean_export_prints_no_warning_from_opforge(how, tmp_path):
+    import os
+    import warnings
+
+    model, x = _DcnBlock(), torch.randn(2, 4, 8, 8)
+    package = os.path.dirname(opforge.__file__)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "opforge.export-torchscript":
+            opforge.export(model, (x,), dynamo=False, opset_version=17, input_names=["x"],
+                           dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
+        elif how == "opforge.export-dynamo":
+            opforge.export(model, (x,), dynamo=True, dynamic_shapes=({0: torch.export.Dim("n")},))
+        else:
+            torch.onnx.export(model, (x,), str(tmp_path / "m.onnx"), dynamo=False, opset_version=17,
+                              input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    ours = [f"{w.category.__name__} {w.filename}:{w.lineno}: {w.message}" for w in caught
+            if w.filename.startswith(package) or issubclass(w.category, torch.jit.TracerWarning)
+            or "training mode" in str(w.message)]
+    assert ours == []
+    if how.startswith("opforge"):  # nothing at all: torch's own notices about the legacy exporter are muted there
+        assert [str(w.message) for w in caught] == []
+    assert model.training  # the model's mode is restored

@@ -408,6 +408,30 @@ def test_wrong_sizes_raise_runtime_errors_with_torchvision_phrases(api):
         layer(x, offset, mask[:, :2])
 
 
+def test_shapes_are_checked_before_dtypes_as_torchvision_does(api):
+    """torchvision's own TestDeformConv.test_wrong_sizes: a float64 input through a float32 layer
+    with a wrong-sized offset or mask gets the shape error, not a dtype one."""
+    functional, module_class = api
+    layer = module_class(6, 2, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1), groups=2)  # float32
+    x = torch.rand(10, 6, 5, 4, dtype=torch.float64)
+    offset = torch.rand(10, 2 * 2 * 3 * 2, 2, 3, dtype=torch.float64)
+    mask = torch.rand(10, 2 * 3 * 2, 2, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="the shape of the offset"):
+        layer(x, offset[:, :2])
+    with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
+        layer(x, offset, mask[:, :2])
+    with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
+        functional(x, offset, layer.weight, layer.bias, stride=(2, 1), padding=(1, 0), dilation=(2, 1), mask=mask[:, :2])
+    # the raw ops (torchvision's is opforge's kernel while patched)
+    raw = (x, layer.weight, offset, mask[:, :2], layer.bias, 2, 1, 1, 0, 2, 1, 2, 2, True)
+    for op in (torch.ops.opforge.deform_conv2d, torch.ops.torchvision.deform_conv2d):
+        with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
+            op(*raw)
+    # with the shapes right, the dtypes are still checked
+    with pytest.raises(RuntimeError, match="weight has dtype Float but input has dtype Double"):
+        torch.ops.opforge.deform_conv2d(x, layer.weight, offset, mask, layer.bias.double(), 2, 1, 1, 0, 2, 1, 2, 2, True)
+
+
 def test_the_raw_op_raises_runtime_error_like_torchvision():
     x, offset, weight, bias, mask = make_inputs(2, **GRID["3x3-pad1"])
     args = (x, weight, offset[:, :5], mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True)

@@ -47,19 +47,13 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
            offset_groups, use_mask):
     """The kernel's argument checks for fake tensors, same exception types and words.
 
-    Dtypes are checked here; shapes and attributes by the kernel's own C++ rule
+    Shapes and attributes are checked by the kernel's own C++ rule
     (core::deform_conv2d_check, through ``_deform_conv2d_output_shape``) whenever
     the sizes are concrete, so fake and real accept, reject and size alike by
-    construction. Symbolic sizes (dynamic shapes) get the same output formula."""
+    construction; symbolic sizes (dynamic shapes) get the same output formula. Then
+    dtypes, here, as the kernel does after its shape checks."""
     op = "opforge::deform_conv2d: "
-    if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise OpInputError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and "
-                           "bfloat16")
-    for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
-        if name == "mask" and not use_mask:
-            continue
-        if t.dtype != input.dtype:
-            raise OpInputError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
+    # shapes first, then dtypes: the kernel's (and torchvision's) order
     ints = (stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups)
     shapes = [list(t.shape) for t in (input, weight, offset, mask, bias)]
     if _concrete([v for shape in shapes for v in shape] + list(ints)):
@@ -70,6 +64,14 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
         n, _, h, w = input.shape
         o, _, kh, kw = weight.shape
         out_shape = n, o, _out_size(h, pad_h, dil_h, kh, stride_h), _out_size(w, pad_w, dil_w, kw, stride_w)
+    if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise OpInputError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and "
+                           "bfloat16")
+    for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
+        if name == "mask" and not use_mask:
+            continue
+        if t.dtype != input.dtype:
+            raise OpInputError(f"{op}{name} has dtype {t.dtype} but input has dtype {input.dtype}; all must match")
     check_same_device("opforge::deform_conv2d", input=input, weight=weight, offset=offset,
                       mask=mask if use_mask else None, bias=bias)
     return out_shape
@@ -270,7 +272,7 @@ def _compatible_bias(bias: Optional[torch.Tensor], input: torch.Tensor,
     bias to add afterwards when its dtype differs (None on the usual path)."""
     if bias is None:
         return torch.zeros(out_channels, device=input.device, dtype=input.dtype), None
-    if bias.numel() != out_channels:
+    if not torch.jit.is_tracing() and bias.numel() != out_channels:  # (traced: checked by _plan, untraced)
         raise OpInputError(f"opforge::deform_conv2d: bias must have out_channels = {out_channels} elements, "
                            f"got shape {list(bias.shape)}")
     if bias.dtype == input.dtype:
@@ -279,13 +281,10 @@ def _compatible_bias(bias: Optional[torch.Tensor], input: torch.Tensor,
             bias.reshape(1, out_channels, 1, 1))
 
 
-def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   stride: List[int], padding: List[int], dilation: List[int],
-                   mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """The functional's body, TorchScript-compatible: infers groups and offset
-    groups as torchvision does and calls the op; the op checks the rest."""
-    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
-        raise OpInputError("opforge::deform_conv2d: stride, padding and dilation must be ints or pairs of ints")
+def _plan(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
+          bias: Optional[torch.Tensor]) -> Tuple[int, int, int]:
+    """(groups, offset_groups, out_channels), inferred as torchvision does, and the checks
+    that inference needs (TorchScript-compatible); the op checks the rest."""
     if input.dim() != 4:  # the ranks are needed here to infer groups and offset_groups
         raise OpInputError(f"opforge::deform_conv2d: input must be 4-D [N, C, H, W], got shape {list(input.shape)}")
     if weight.dim() != 4:
@@ -303,6 +302,22 @@ def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tens
                            f"offset has {offset.shape[1]} channels, fewer than 2*kh*kw = {2 * kh * kw}")
     # torchvision's inference of groups; no channels at all (C = 0) means one group
     groups = input.shape[1] // weight.shape[1] if weight.shape[1] > 0 else 1
+    if bias is not None and bias.numel() != out_channels:
+        raise OpInputError(f"opforge::deform_conv2d: bias must have out_channels = {out_channels} elements, "
+                           f"got shape {list(bias.shape)}")
+    return groups, offset_groups, out_channels
+
+
+def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   stride: List[int], padding: List[int], dilation: List[int],
+                   mask: Optional[torch.Tensor], plan: Optional[Tuple[int, int, int]] = None) -> torch.Tensor:
+    """The functional's body, TorchScript-compatible: infers groups and offset groups
+    (``plan``, when the caller has them) and calls the op; the op checks the rest."""
+    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
+        raise OpInputError("opforge::deform_conv2d: stride, padding and dilation must be ints or pairs of ints")
+    if plan is None:
+        plan = _plan(input, offset, weight, bias)
+    groups, offset_groups, out_channels = plan
     use_mask = mask is not None
     if mask is None:
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
@@ -310,6 +325,21 @@ def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tens
     out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride[0], stride[1], padding[0],
                                           padding[1], dilation[0], dilation[1], groups, offset_groups, use_mask)
     return out if bias_after is None else out + bias_after
+
+
+class _Untraced:
+    """Suspends the TorchScript tracer: sizes read inside are plain ints, not traced values.
+
+    groups and offset_groups become constant attributes of the exported node whatever the
+    input size, so reading them from traced sizes only made the tracer warn (five
+    TracerWarnings per export) about Python values it records as constants anyway."""
+
+    def __enter__(self):
+        self.state = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)
+
+    def __exit__(self, *exc):
+        torch._C._set_tracing_state(self.state)
 
 
 def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
@@ -335,7 +365,11 @@ def _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation,
                                      padding=padding, dilation=dilation, mask=mask)
     pairs = _int_pair("stride", stride), _int_pair("padding", padding), _int_pair("dilation", dilation)
     try:
-        return _deform_conv2d(input, offset, weight, bias, *pairs, mask)
+        plan = None
+        if torch.jit.is_tracing():
+            with _Untraced():
+                plan = _plan(input, offset, weight, bias)
+        return _deform_conv2d(input, offset, weight, bias, *pairs, mask, plan)
     except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
         raise _input_error(e) from None
 

@@ -225,19 +225,24 @@ def _load_model(model) -> tuple[Union[str, bytes], onnx.ModelProto]:
     return path, onnx.load(path, load_external_data=False)
 
 
-def _prepare_aten(data, proto: onnx.ModelProto):
+def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     """ATen nodes as any exporter writes them (plain ``torch.onnx.export`` with ONNX_ATEN_FALLBACK,
     ``g.at(...)`` symbolics with typed scalar attributes and no overload name) made runnable:
     overloads resolved, outputs typed (ONNX Runtime cannot infer them). The model is left as it is
-    when it needs nothing."""
-    from ..symbolics import aten_fallback
+    when it needs nothing. An operator outside libopforge_aten's allowed set (and ``allow_aten``)
+    is refused here, before any of the model is run (:mod:`opforge.symbolics.aten_policy`)."""
+    from ..symbolics import aten_fallback, aten_policy
 
+    operators = [n.attribute for n in _graph_nodes(proto.graph) if n.domain == ATEN_DOMAIN and n.op_type == "ATen"]
+    aten_policy.check((a.s.decode() for attrs in operators for a in attrs if a.name == "operator"), allow_aten)
     if isinstance(data, str) and any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer):
         return data, proto  # rewritten bytes would lose the path its external data is relative to
     prepared = onnx.ModelProto()
     prepared.CopyFrom(proto)
     try:
-        prepared, _ = aten_fallback.prepare(prepared)
+        prepared, _ = aten_fallback.prepare(prepared, allow_aten)
+    except aten_policy.AtenOpRefused:
+        raise
     except ValueError:
         if aten_fallback.has_scalar_attrs(proto):
             raise  # only opforge can read these nodes: its error says what does not bind
@@ -305,11 +310,35 @@ def _audit(domain: str, path: str, used: Sequence[str]) -> None:
     warnings.warn(f"opforge: {', '.join(missing)} has a spec but {lib} has no kernel for it", stacklevel=3)
 
 
-def _register_libraries(so, domains, used: Sequence[str] = ()) -> list[str]:
+def _allow_aten_in(so, allow_aten) -> None:
+    """Writes ``allow_aten`` into the session config entry libopforge_aten reads when it is
+    registered (merged with one the caller set); an error if the library is registered already."""
+    from ..symbolics import aten_policy
+
+    allow = aten_policy.parse_allow(allow_aten)
+    if not allow:
+        return
+    try:
+        given = so.get_session_config_entry(aten_policy.ALLOW_CONFIG_KEY)
+    except Exception:  # noqa: BLE001 - ORT raises a bare RuntimeError for a missing key
+        given = ""
+    merged = allow | aten_policy.parse_allow(given)
+    if merged == aten_policy.parse_allow(given):
+        return
+    if _has_domain(so, ATEN_DOMAIN):
+        raise ValueError("opforge.ort_session: allow_aten must be set before libopforge_aten is registered, and "
+                         "these SessionOptions have it already; pass fresh options, or set the session config entry "
+                         f"{aten_policy.ALLOW_CONFIG_KEY!r} before registering the library")
+    so.add_session_config_entry(aten_policy.ALLOW_CONFIG_KEY, ",".join(sorted(merged)))
+
+
+def _register_libraries(so, domains, used: Sequence[str] = (), allow_aten=None) -> list[str]:
     """Registers the library of each domain in ``so`` unless it already has one (libraries built
     on opforge mark the options); returns the domains with no known library."""
     unknown, registered = [], set()
     for domain in domains:
+        if domain == ATEN_DOMAIN:
+            _allow_aten_in(so, allow_aten)
         if _has_domain(so, domain):
             continue
         try:
@@ -335,6 +364,7 @@ def ort_session(
     register_libraries: bool = True,
     register_opforge: Optional[bool] = None,
     register_aten: Optional[bool] = None,
+    allow_aten: Optional[Union[str, Sequence[str]]] = None,
 ):
     """An ``onnxruntime.InferenceSession`` for ``model`` (ModelProto, bytes or path) with the
     ORT library of every custom domain the model uses registered, once each (options that
@@ -350,6 +380,11 @@ def ort_session(
     typed), so models from plain ``torch.onnx.export(..., ONNX_ATEN_FALLBACK)`` run too. A model
     with prototype ops gets a ``PrototypeSession`` (an ``InferenceSession``) whose ``run`` raises
     their errors, which onnxruntime-extensions cannot report itself.
+
+    A model is data: libopforge_aten runs only a vetted set of ATen operators (pure tensor math;
+    :mod:`opforge.symbolics.aten_policy`) and a model naming another is refused here, before it
+    runs. ``allow_aten={"bernoulli", ...}`` (or ``"*"``) opts a model you trust in; it becomes the
+    session config entry ``opforge.aten.allow``, which plain ONNX Runtime users set themselves.
     """
     import onnxruntime as ort
 
@@ -361,14 +396,14 @@ def ort_session(
     data, proto = _load_model(model)
     needed = custom_ops(proto)
     if ATEN_DOMAIN in needed:
-        data, proto = _prepare_aten(data, proto)
+        data, proto = _prepare_aten(data, proto, allow_aten)
     domains = list(needed) if register_libraries else []
     if register_aten and ATEN_DOMAIN not in domains:
         domains.append(ATEN_DOMAIN)
     if register_aten is False and ATEN_DOMAIN in domains:
         domains.remove(ATEN_DOMAIN)
     used = [op for ops in needed.values() for op in ops]
-    unknown = _register_libraries(so, domains, used)
+    unknown = _register_libraries(so, domains, used, allow_aten)
     session_class = ort.InferenceSession
     prototype = sys.modules.get("opforge.prototype")  # loaded by register_prototype: no prototypes without it
     if prototype is not None and prototype.prototype_ops(used):

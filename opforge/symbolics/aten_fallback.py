@@ -28,6 +28,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnx.defs import OpSchema
 
+from . import aten_policy
+
 ATEN_DOMAIN = "org.pytorch.aten"
 NONE_INPUT = "opforge_aten_none"  # must match aten_csrc/aten_op.cc: kNoneInput
 
@@ -131,12 +133,17 @@ _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 
                  6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
 
 
-def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict):
-    """Runs op on meta tensors built from the node's input types; None when it cannot."""
+def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict,
+                   unknown_dim: int = 2):
+    """Runs op on meta tensors built from the node's input types and shapes (a dim ONNX does not
+    know becomes ``unknown_dim``); [(ONNX type, shape)] per output, or None when it cannot."""
     args, kwargs = [], {}
     for i, arg in enumerate(op._schema.arguments):
         name = node.input[i] if i < len(node.input) else ""
         put = (lambda v, a=arg: kwargs.__setitem__(a.name, v)) if arg.kwarg_only else args.append
+        if arg.name == "device":  # factory ops (zeros, arange...): sizes only, nothing allocated
+            put(torch.device("meta"))
+            continue
         if name in ("", NONE_INPUT):
             if i >= len(node.input):
                 break
@@ -147,7 +154,7 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
         if is_tensor:
             if name not in types:
                 return None
-            shape = [d if isinstance(d, int) and d >= 0 else 2 for d in shapes.get(name) or []]
+            shape = [d if isinstance(d, int) and d >= 0 else unknown_dim for d in shapes.get(name) or []]
             put(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
         elif name in consts:
             put(_decode_constant(arg, consts[name]))
@@ -158,7 +165,7 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
     except Exception:
         return None
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return [(_TORCH_TO_ONNX.get(o.dtype), o.dim()) if isinstance(o, torch.Tensor) else None for o in outs]
+    return [(_TORCH_TO_ONNX.get(o.dtype), list(o.shape)) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
@@ -352,13 +359,18 @@ def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: 
     node.input.extend(new_inputs)
 
 
-def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, list[str]]:
     """Normalises ATen nodes for ONNX Runtime (see module doc). Returns the model and the
-    sorted list of ATen ops it contains (``["aten::cummax", ...]``)."""
+    sorted list of ATen ops it contains (``["aten::cummax", ...]``).
+
+    An operator libopforge_aten would refuse (:mod:`aten_policy`) raises
+    :class:`~opforge.symbolics.aten_policy.AtenOpRefused` first, before anything of the model is
+    run, unless ``allow_aten`` names it."""
     g = model.graph
     aten_nodes = [n for n in g.node if n.op_type == "ATen" and n.domain == ATEN_DOMAIN]
     if not aten_nodes:
         return model, []
+    aten_policy.check((_node_op(n)[0] for n in aten_nodes), allow_aten)
     register_schema()
     # The dynamo exporter cannot type multi-output custom nodes and leaves type-less
     # value_info behind (invalid ONNX); drop those, the types are filled in below.
@@ -401,21 +413,31 @@ def prepare(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), NONE_INPUT))
 
     # Type the ATen outputs, in graph order, re-running ONNX inference as types become known.
+    # The value_info written keeps every dim unknown (they may be dynamic); the sizes the meta
+    # run gave are kept here for the ATen nodes that read them (ATen -> ATen chains), where
+    # placeholder sizes would not fit together (a (2, 2) result added to a (3, 4) input).
     consts = _constants(g)
     typed_values = {v.name for v in list(g.value_info) + list(g.output) if v.type.tensor_type.elem_type}
     pending = [n for n in aten_nodes if not all(o in typed_values for o in n.output if o)]
+    meta_shapes: dict = {}
     while pending:
         types, shapes = _known_types(model)
+        for name, shape in meta_shapes.items():
+            if name not in shapes or any(d is None for d in shapes[name]):
+                shapes[name] = shape
         progress = False
         for node in list(pending):
-            dtypes = _output_dtypes(resolve(*_node_op(node)), node, types, shapes, consts)
+            op = resolve(*_node_op(node))
+            # placeholder 2 keeps a rank (squeeze); 1 broadcasts against any known size
+            dtypes = (_output_dtypes(op, node, types, shapes, consts)
+                      or _output_dtypes(op, node, types, shapes, consts, unknown_dim=1))
             if dtypes is None:
                 continue
             graph_outputs = {o.name: o for o in g.output}
             for out, meta in zip(node.output, dtypes):
                 if out and out not in typed_values and meta is not None and meta[0] is not None:
-                    # element type and rank; dims stay unknown (they may be dynamic)
-                    type_proto = helper.make_tensor_type_proto(meta[0], [None] * meta[1])
+                    meta_shapes[out] = meta[1]
+                    type_proto = helper.make_tensor_type_proto(meta[0], [None] * len(meta[1]))
                     if out in graph_outputs:  # the exporter left it untyped
                         graph_outputs[out].type.CopyFrom(type_proto)
                     else:

@@ -15,6 +15,18 @@
 //
 // Unlike libopforge_ort (which must not), this library links libtorch.
 //
+// A model is data, not code: a node may name any operator of libtorch's
+// dispatcher, so the kernel is default-deny. It runs only the operators of
+// aten_policy.inc (public, functional, pure tensor math; generated and reviewed
+// from the rules in opforge/symbolics/aten_policy.py) and refuses the rest when
+// the session is created, naming the op and how to allow it. The session config
+// entry "opforge.aten.allow" (comma-separated names, or "*"), read when the
+// library is registered, opts a trusted model in. Sizes the model asks for
+// (size=, repeats=, num_classes=, arange's range...) are checked against the
+// node's inputs before the op runs, and every result before it is copied out,
+// so a hostile model cannot demand terabytes ("opforge.aten.max_elements"
+// raises the bound).
+//
 // CUDA builds (OPFORGE_WITH_CUDA) register the kernel for the CUDA execution
 // provider too: inputs are wrapped as CUDA tensors where ORT placed them, and
 // the op runs on ORT's compute stream (made torch's current stream for the
@@ -37,12 +49,19 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -55,6 +74,125 @@ constexpr const char* kNoneInput = "opforge_aten_none";
 
 Ort::Status error(const std::string& msg, OrtErrorCode code = ORT_INVALID_ARGUMENT) {
   return Ort::Status(msg.c_str(), code);
+}
+
+// ---- which operators a model may run (see the file comment) ----------------------------
+
+// Session config keys, read at registration; must match opforge/symbolics/aten_policy.py.
+constexpr const char* kAllowKey = "opforge.aten.allow";
+constexpr const char* kMaxElementsKey = "opforge.aten.max_elements";
+
+#define OPFORGE_ATEN_ALLOW(name) name,
+#define OPFORGE_ATEN_REFUSE(name, reason)
+const char* const kVettedOps[] = {
+#include "aten_policy.inc"
+};
+#undef OPFORGE_ATEN_ALLOW
+#undef OPFORGE_ATEN_REFUSE
+#define OPFORGE_ATEN_ALLOW(name)
+#define OPFORGE_ATEN_REFUSE(name, reason) {name, reason},
+const std::pair<const char*, const char*> kRefusedOps[] = {
+#include "aten_policy.inc"
+};
+#undef OPFORGE_ATEN_ALLOW
+#undef OPFORGE_ATEN_REFUSE
+
+// Default bound on the elements one node may make: 2^26, or 64 per element of its
+// inputs where that is more (a repeat or an upsample of a large input).
+constexpr int64_t kMinElementBound = int64_t{1} << 26;
+constexpr int64_t kElementsPerInputElement = 64;
+
+struct AtenPolicy {
+  std::unordered_set<std::string> allowed;  // names opted in by the session; "*": every op
+  int64_t max_elements = 0;                 // 0: the default bound
+
+  bool allows(const std::string& name) const {
+    static const std::unordered_set<std::string> vetted(std::begin(kVettedOps), std::end(kVettedOps));
+    return vetted.count(name) > 0 || allowed.count(name) > 0 || allowed.count("*") > 0;
+  }
+
+  static std::string refusal(const std::string& name) {
+    static const std::unordered_map<std::string, std::string> reasons(std::begin(kRefusedOps), std::end(kRefusedOps));
+    auto it = reasons.find(name);
+    const std::string why = it != reasons.end() ? it->second : "it is not in the vetted set of pure tensor operators";
+    return "ATen op aten::" + name + " is refused: " + why +
+           ". A model is data, so libopforge_aten runs only the ATen operators opforge's exporters emit and pure "
+           "tensor math. If you trust this model, allow it: opforge.ort_session(model, allow_aten={'" + name +
+           "'}), or sess_options.add_session_config_entry('" + kAllowKey + "', '" + name +
+           "') before registering libopforge_aten";
+  }
+
+  int64_t bound(int64_t input_elements) const {
+    if (max_elements > 0) return max_elements;
+    const int64_t scaled = input_elements > std::numeric_limits<int64_t>::max() / kElementsPerInputElement
+                               ? std::numeric_limits<int64_t>::max()
+                               : input_elements * kElementsPerInputElement;
+    return std::max(kMinElementBound, scaled);
+  }
+};
+
+// Arguments that say how many elements an op makes (a shape, a count, a length).
+// Lists are multiplied (a shape), except paddings, which are added.
+bool is_size_argument(const std::string& name) {
+  static const std::unordered_set<std::string> names{
+      "size", "sizes", "shape", "repeats", "dims", "output_size", "num_classes", "minlength", "bins", "steps",
+      "n", "m", "N", "row", "col", "window_length", "length", "s", "n_fft", "win_length", "hop_length"};
+  return names.count(name) > 0;
+}
+bool is_padding_argument(const std::string& name) {
+  return name == "pad" || name == "padding" || name == "output_padding";
+}
+
+// a * b, saturating at int64's maximum (sizes here are never negative)
+int64_t saturating_mul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  return a > std::numeric_limits<int64_t>::max() / b ? std::numeric_limits<int64_t>::max() : a * b;
+}
+int64_t saturating_add(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+
+// Elements a size argument's value asks for (0 when it is not a size).
+int64_t requested_elements(const std::string& name, const c10::IValue& v) {
+  const bool pad = is_padding_argument(name);
+  if (!pad && !is_size_argument(name)) return 0;
+  if (v.isInt()) return std::max<int64_t>(v.toInt(), 0);
+  if (v.isIntList()) {
+    int64_t total = pad ? 0 : 1;
+    for (int64_t d : v.toIntVector()) {
+      const int64_t e = std::max<int64_t>(d, pad ? 0 : 1);  // -1 in a shape keeps a dim
+      total = pad ? saturating_add(total, e) : saturating_mul(total, e);
+    }
+    return total;
+  }
+  return 0;
+}
+
+// Registration-time policies live as long as the library (their op objects do).
+std::shared_ptr<const AtenPolicy> policy_from(Ort::UnownedSessionOptions& options, std::string* problem) {
+  auto policy = std::make_shared<AtenPolicy>();
+  if (options.HasConfigEntry(kAllowKey)) {
+    std::stringstream names(options.GetConfigEntry(kAllowKey));
+    for (std::string name; std::getline(names, name, ',');) {
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (name.rfind("aten::", 0) == 0) name = name.substr(6);
+      name = name.substr(0, name.find('.'));  // an overload names its operator
+      if (!name.empty()) policy->allowed.insert(name);
+    }
+  }
+  if (options.HasConfigEntry(kMaxElementsKey)) {
+    const std::string text = options.GetConfigEntry(kMaxElementsKey);
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value <= 0) {
+      *problem = std::string("libopforge_aten: session config entry '") + kMaxElementsKey + "' must be a positive " +
+                 "integer, got '" + text + "'";
+      return nullptr;
+    }
+    policy->max_elements = value;
+  }
+  return policy;
 }
 
 std::optional<at::ScalarType> to_torch_type(ONNXTensorElementDataType t) {
@@ -129,13 +267,54 @@ struct AtenKernel {
   c10::OperatorHandle op;
   std::vector<bool> is_none;  // per node input: fed the None marker
   bool on_cuda;               // kernel of the CUDA execution provider
+  std::shared_ptr<const AtenPolicy> policy;
 
-  AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none, bool cuda)
-      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda) {}
+  AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none, bool cuda,
+             std::shared_ptr<const AtenPolicy> p)
+      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda), policy(std::move(p)) {}
 
-  std::string where(const c10::Argument& arg, size_t i) const {
-    return "ATen op " + name + ", argument " + std::to_string(i) + " '" + arg.name() + "' (" + arg.real_type()->str() + ")";
+  std::string too_large(const std::string& what, int64_t elements, int64_t bound, int64_t input_elements) const {
+    return "ATen op " + name + ": " + what + " " + std::to_string(elements) + " elements, more than this node may make (" +
+           std::to_string(bound) +
+           (policy->max_elements > 0 ? std::string(", set by '") + kMaxElementsKey + "'"
+                                     : ": the larger of 2^26 and 64 per element of its inputs, which have " +
+                                           std::to_string(input_elements)) +
+           "); a model cannot demand memory at will. If you trust this model, raise the bound: "
+           "sess_options.add_session_config_entry('" + kMaxElementsKey + "', 'N') before registering libopforge_aten";
   }
+
+  // The sizes the model asks for, before anything is allocated.
+  Ort::Status check_sizes(const torch::jit::Stack& stack, int64_t input_elements) const {
+    const auto& args = op.schema().arguments();
+    const int64_t bound = policy->bound(input_elements);
+    for (size_t i = 0; i < args.size(); ++i) {
+      const int64_t asked = requested_elements(args[i].name(), stack[i]);
+      if (asked > bound) return error(too_large(argument(args[i], i) + " asks for", asked, bound, input_elements));
+    }
+    // arange / range take their extent as numbers: (end - start) / step elements
+    const std::string& base = op.schema().name();
+    if (base == "aten::arange" || base == "aten::range") {
+      double start = 0, end = 0, step = 1;
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (!stack[i].isScalar() && !stack[i].isDouble() && !stack[i].isInt()) continue;
+        const double v = stack[i].toScalar().toDouble();
+        if (args[i].name() == "start") start = v;
+        if (args[i].name() == "end") end = v;
+        if (args[i].name() == "step") step = v;
+      }
+      const double count = step != 0 ? std::fabs((end - start) / step) : 0;
+      if (!(count <= static_cast<double>(bound)))  // also NaN
+        return error(too_large("its range asks for", count > 9e18 || std::isnan(count) ? std::numeric_limits<int64_t>::max()
+                                                                                 : static_cast<int64_t>(count),
+                               bound, input_elements));
+    }
+    return Ort::Status(nullptr);
+  }
+
+  static std::string argument(const c10::Argument& arg, size_t i) {
+    return "argument " + std::to_string(i) + " '" + arg.name() + "' (" + arg.real_type()->str() + ")";
+  }
+  std::string where(const c10::Argument& arg, size_t i) const { return "ATen op " + name + ", " + argument(arg, i); }
 
   // Wraps ORT's buffer as a torch tensor, no copy. ORT keeps inputs alive for the call.
   Ort::Status wrap_tensor(const Ort::ConstValue& v, const std::string& where, at::Tensor& out) const {
@@ -267,14 +446,17 @@ struct AtenKernel {
 #endif
     torch::jit::Stack stack;
     stack.reserve(args.size());
+    int64_t input_elements = 0;
     for (size_t i = 0; i < args.size(); ++i) {
       const OrtValue* v = nullptr;
       if (i < n_in && !is_none[i]) v = static_cast<const OrtValue*>(ctx.GetInput(i));
       c10::IValue value;
       Ort::Status st = decode(args[i], i, v, value);
       if (!st.IsOK()) return st;
+      if (value.isTensor()) input_elements = saturating_add(input_elements, value.toTensor().numel());
       stack.push_back(std::move(value));
     }
+    if (Ort::Status st = check_sizes(stack, input_elements); !st.IsOK()) return st;
     try {
       op.callBoxed(&stack);
     } catch (const std::exception& e) {
@@ -289,6 +471,12 @@ struct AtenKernel {
         results.push_back(std::move(r));
       }
     }
+    // Views (expand, unfold...) are free until copied out: bound what is materialised.
+    const int64_t bound = policy->bound(input_elements);
+    for (size_t i = 0; i < results.size(); ++i)
+      if (results[i].isTensor() && results[i].toTensor().numel() > bound)
+        return error(too_large("return " + std::to_string(i) + " has", results[i].toTensor().numel(), bound,
+                               input_elements));
     const size_t n_out = ctx.GetOutputCount();
     if (n_out > results.size())
       return error("ATen op " + name + ": node has " + std::to_string(n_out) + " outputs but the op returned " +
@@ -333,7 +521,8 @@ struct AtenKernel {
 
 struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
   const char* ep;  // kCpuEp or kCudaEp
-  explicit AtenOp(const char* provider) : ep(provider) {}
+  std::shared_ptr<const AtenPolicy> policy;
+  AtenOp(const char* provider, std::shared_ptr<const AtenPolicy> p) : ep(provider), policy(std::move(p)) {}
 
   // CustomOpBase hands these results to ORT as raw OrtStatus*: return released
   // pointers (returning an Ort::Status would free the status before ORT reads it).
@@ -358,9 +547,11 @@ struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
         return error("ATen op " + display + " writes into its argument '" + written +
                      "' (in-place or out= overload); ONNX Runtime inputs are read-only, so only functional "
                      "overloads run here: export the out-of-place op instead");
+      const std::string base = qualified.substr(6);
+      if (!policy->allows(base)) return error(AtenPolicy::refusal(base));
       std::vector<bool> none(ki.GetInputCount());
       for (size_t i = 0; i < none.size(); ++i) none[i] = ki.GetInputName(i) == kNoneInput;
-      *kernel = new AtenKernel(*handle, display, std::move(none), ep == kCudaEp);
+      *kernel = new AtenKernel(*handle, display, std::move(none), ep == kCudaEp, policy);
       return Ort::Status(nullptr);
     } catch (const std::exception& e) {
       return error(std::string("org.pytorch.aten::ATen: ") + e.what());
@@ -386,14 +577,29 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   OrtStatus* error = nullptr;
   if (!opforge::ort::init_api(api_base, "libopforge_aten", &error)) return error;
-  static AtenOp cpu_op(kCpuEp);  // outlive every session
+  try {
+    // One set of op objects per distinct policy (the session's opt-ins), kept for the
+    // library's lifetime: ORT needs them to outlive every session using them.
+    Ort::UnownedSessionOptions session_options(options);
+    std::string problem;
+    std::shared_ptr<const AtenPolicy> policy = policy_from(session_options, &problem);
+    if (!policy) return Ort::Status(problem.c_str(), ORT_INVALID_ARGUMENT).release();
+    std::string key;
+    for (const std::string& name : std::set<std::string>(policy->allowed.begin(), policy->allowed.end()))
+      key += name + ",";
+    key += "|" + std::to_string(policy->max_elements);
+    static std::mutex mutex;
+    static std::map<std::string, std::vector<std::unique_ptr<AtenOp>>> ops_by_policy;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& ops = ops_by_policy[key];
+    if (ops.empty()) {
+      ops.push_back(std::make_unique<AtenOp>(kCpuEp, policy));
 #ifdef OPFORGE_WITH_CUDA
-  static AtenOp cuda_op(kCudaEp);
+      ops.push_back(std::make_unique<AtenOp>(kCudaEp, policy));
 #endif
-#ifdef OPFORGE_WITH_CUDA
-  static const std::vector<AtenOp*> ops{&cpu_op, &cuda_op};
-#else
-  static const std::vector<AtenOp*> ops{&cpu_op};
-#endif
-  return opforge::ort::add_domain(options, "libopforge_aten", kAtenDomain, ops);
+    }
+    return opforge::ort::add_domain(options, "libopforge_aten", kAtenDomain, ops);
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
 }

@@ -1,0 +1,216 @@
+"""Which ATen operators a model may run through libopforge_aten: default-deny.
+
+A model file is data. An ``org.pytorch.aten::ATen`` node names any operator of libtorch's
+dispatcher, and libopforge_aten would call it with the model's arguments: a five-line model
+with ``ATen(operator="from_file", filename="/etc/passwd")`` would read the machine's files.
+So libopforge_aten runs only a vetted set: the public, functional ATen operators that compute
+on the tensors they are given (what opforge's exporters emit, and pure tensor math), listed in
+``ort_kernels/aten_csrc/aten_policy.inc``, which the C++ library compiles in and this module
+reads. Everything else is refused when the session is created, with an error naming the op, why,
+and how to allow it.
+
+The list is generated from the rules below (:func:`decide`) over torch's dispatcher and
+committed; ``tests/test_aten_policy.py`` fails when torch's operators and the committed list
+part ways, so a torch upgrade is reviewed, not silently trusted. Regenerate with
+``python -m opforge.symbolics.aten_policy --write``.
+
+Refused, first rule that matches (each with the reason the error gives):
+
+* ``from_file``: reads the file the model names;
+* ops that draw from the global random-number generator (a ``Generator`` argument, or torch's
+  ``nondeterministic_seeded`` tag: dropout, rand, the RNNs...);
+* ``empty`` and its family: uninitialised memory, whatever the process held there before;
+* ``as_strided*``, ``set``, ``resize*``, ``unsafe_*``: storage or strides set by hand (unchecked
+  aliasing);
+* fbgemm / mkldnn / cuDNN / MIOpen / MPS kernels: backend-specific, some read packed weights
+  from raw bytes;
+* sparse, nested and quantized tensor constructors (unchecked indices; ORT cannot hold them);
+* ``pin_memory`` (a CUDA driver resource), ``combinations`` (output grows as n^r, r from the model);
+* private (``_``-prefixed) operators, but for the few opforge's exporters emit;
+* every overload that writes into an argument (in-place, ``out=``) is refused by the library
+  whatever the list says: ORT's inputs are read-only.
+
+A trusted model opts in explicitly: ``opforge.ort_session(model, allow_aten={"bernoulli"})``,
+or for plain ONNX Runtime ``sess_options.add_session_config_entry("opforge.aten.allow",
+"bernoulli,normal")`` before ``register_custom_ops_library``. ``"*"`` allows every operator
+(the pre-0.3 behaviour). Sizes a model asks for (``size=``, ``repeats=``, ``num_classes=``...)
+are checked at run time against the node's inputs; ``opforge.aten.max_elements`` raises that
+bound for a trusted model (see README, "ATen trust model").
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+from pathlib import Path
+from typing import Iterable, Optional
+
+#: The list libopforge_aten compiles in (X-macros, one op per line).
+POLICY_FILE = Path(__file__).resolve().parent.parent / "ort_kernels" / "aten_csrc" / "aten_policy.inc"
+#: Session config keys libopforge_aten reads when it is registered (aten_csrc/aten_op.cc).
+ALLOW_CONFIG_KEY = "opforge.aten.allow"
+MAX_ELEMENTS_CONFIG_KEY = "opforge.aten.max_elements"
+
+#: Private operators opforge's exporters emit (the coverage table counts them).
+PRIVATE_ALLOWED = ("__lshift__", "__rshift__", "_upsample_bicubic2d_aa", "_upsample_bilinear2d_aa")
+
+_FILES = "reads the file the model names"
+_RNG = "draws from the process-wide random-number generator"
+_UNINITIALISED = "returns uninitialised memory (whatever the process held there before)"
+_STORAGE = "sets storage or strides by hand (unchecked aliasing)"
+_BACKEND = "a backend-specific kernel (fbgemm, mkldnn, cuDNN, MIOpen, MPS); some read packed weights from raw bytes"
+_LAYOUT = "makes sparse, nested or quantized tensors (unchecked indices; ONNX Runtime cannot hold them)"
+_PINNED = "allocates page-locked host memory (a CUDA driver resource)"
+_GROWTH = "its output grows as n^r with r taken from the model"
+
+_RULES = (
+    (re.compile(r"^from_file$"), _FILES),
+    (re.compile(r"^(empty|empty_like|empty_permuted|empty_strided|empty_quantized|new_empty|new_empty_strided)$"),
+     _UNINITIALISED),
+    (re.compile(r"^(as_strided.*|set|resize.*|sparse_resize.*|unsafe_.*)$"), _STORAGE),
+    (re.compile(r"^(fbgemm_.*|mkldnn_.*|to_mkldnn.*|cudnn_.*|miopen_.*|mps_.*|lstm_mps_.*)$"), _BACKEND),
+    (re.compile(r"(sparse|nested|padded_tensor|^quantize_|quantized|^dequantize$|coalesce|^(hspmm|sspaddmm|smm)$|"
+                r"^(indices|values|crow_indices|ccol_indices|col_indices|row_indices)(_copy)?$|^to_dense|^dense_dim$)"),
+     _LAYOUT),
+    (re.compile(r"^(pin_memory|is_pinned)$"), _PINNED),
+    (re.compile(r"^combinations$"), _GROWTH),
+)
+
+
+def _writes(schema) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _dispatcher_ops() -> dict:
+    """``{name: [functional schemas]}`` of every ATen operator in torch's dispatcher (what
+    libopforge_aten can find) with at least one overload that writes into no argument."""
+    import torch
+
+    ops: dict = {}
+    for s in torch._C._jit_get_all_schemas():
+        if not s.name.startswith("aten::") or _writes(s):
+            continue
+        try:  # TorchScript's builtins (aten::len, aten::save...) are not dispatcher operators
+            torch._C._dispatch_find_schema_or_throw(s.name, s.overload_name)
+        except RuntimeError:
+            continue
+        ops.setdefault(s.name[len("aten::"):], []).append(s)
+    return ops
+
+
+def _seeded(name: str, schemas) -> bool:
+    import torch
+
+    if any("Generator" in str(a.type) for s in schemas for a in s.arguments):
+        return True
+    packet = getattr(torch.ops.aten, name, None)
+    for overload in (packet.overloads() if packet is not None else ()):
+        if torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags:
+            return True
+    return False
+
+
+def decide(name: str, schemas) -> Optional[str]:
+    """None when ``aten::name`` runs by default, else the reason it is refused."""
+    if name.startswith("_") and name not in PRIVATE_ALLOWED:
+        return "private"  # not vetted; not listed one by one (there are hundreds)
+    for pattern, reason in _RULES:
+        if pattern.search(name):
+            return reason
+    if _seeded(name, schemas):
+        return _RNG
+    return None
+
+
+def generate() -> tuple[list[str], dict[str, str]]:
+    """(allowed names, {refused public name: reason}) over this torch's dispatcher."""
+    allowed, refused = [], {}
+    for name, schemas in sorted(_dispatcher_ops().items()):
+        reason = decide(name, schemas)
+        if reason is None:
+            allowed.append(name)
+        elif reason != "private":
+            refused[name] = reason
+    return allowed, refused
+
+
+def render(allowed: Iterable[str], refused: dict[str, str]) -> str:
+    import torch
+
+    lines = [
+        "// The ATen operators libopforge_aten runs by default, and those it refuses with a reason.",
+        f"// Generated from the rules in opforge/symbolics/aten_policy.py over torch {torch.__version__}'s",
+        "// dispatcher by `python -m opforge.symbolics.aten_policy --write`; review changes like code.",
+        "// Operators in neither list (private ones) are refused as not vetted.",
+        "// OPFORGE_ATEN_ALLOW(name) / OPFORGE_ATEN_REFUSE(name, reason): define both before including.",
+    ]
+    lines += [f'OPFORGE_ATEN_ALLOW("{n}")' for n in allowed]
+    lines += [f'OPFORGE_ATEN_REFUSE("{n}", "{r}")' for n, r in sorted(refused.items())]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def committed() -> tuple[frozenset, dict]:
+    """(allowed names, {refused name: reason}) as the library was built with them."""
+    text = POLICY_FILE.read_text()
+    allowed = frozenset(re.findall(r'^OPFORGE_ATEN_ALLOW\("([^"]+)"\)', text, re.M))
+    refused = dict(re.findall(r'^OPFORGE_ATEN_REFUSE\("([^"]+)", "([^"]+)"\)', text, re.M))
+    return allowed, refused
+
+
+class AtenOpRefused(ValueError):
+    """A model names an ATen operator libopforge_aten does not run by default."""
+
+
+def parse_allow(allow) -> frozenset:
+    """``allow_aten`` as given (a name, names, ``"*"``; ``"aten::x"`` or ``"x"``) -> bare names."""
+    if allow is None:
+        return frozenset()
+    if isinstance(allow, str):
+        allow = allow.split(",")
+    return frozenset(a.strip().split("::")[-1].split(".")[0] for a in allow if a.strip())
+
+
+def refusal(name: str, allow: frozenset = frozenset()) -> Optional[str]:
+    """None when ``aten::name`` may run under ``allow``, else the error text (the library's words)."""
+    name = name.split("::")[-1]
+    allowed, refused = committed()
+    if name in allowed or name in allow or "*" in allow:
+        return None
+    why = refused.get(name, "it is not in the vetted set of pure tensor operators")
+    return (f"ATen op aten::{name} is refused: {why}. A model is data, so libopforge_aten runs only the ATen "
+            f"operators opforge's exporters emit and pure tensor math. If you trust this model, allow it: "
+            f"opforge.ort_session(model, allow_aten={{'{name}'}}), or "
+            f"sess_options.add_session_config_entry('{ALLOW_CONFIG_KEY}', '{name}') before registering "
+            "libopforge_aten")
+
+
+def check(ops: Iterable[str], allow=None) -> None:
+    """Raises :class:`AtenOpRefused` for the first of ``ops`` (``"aten::x.overload"``) not allowed."""
+    allow = parse_allow(allow)
+    for op in ops:
+        text = refusal(op.split("::")[-1].split(".")[0], allow)
+        if text is not None:
+            raise AtenOpRefused("opforge: " + text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opforge.symbolics.aten_policy",
+                                     description="Regenerate or check libopforge_aten's allowed-op list.")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {POLICY_FILE.name} (then rebuild)")
+    args = parser.parse_args(argv)
+    allowed, refused = generate()
+    text = render(allowed, refused)
+    if args.write:
+        POLICY_FILE.write_text(text)
+        print(f"wrote {POLICY_FILE}: {len(allowed)} allowed, {len(refused)} refused with a reason")
+        return 0
+    same = POLICY_FILE.exists() and POLICY_FILE.read_text() == text
+    print(f"{len(allowed)} allowed, {len(refused)} refused with a reason; {POLICY_FILE.name} is "
+          + ("up to date" if same else "out of date: run with --write and review the diff"))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
