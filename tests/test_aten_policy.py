@@ -221,6 +221,7 @@ def test_a_model_cannot_demand_terabytes():
     ("repeat", "", [np.array([1 << 20, 1 << 20])], "argument 1 'repeats'"),
     ("expand", "", [np.array([1 << 16, 1 << 16, 3])], "argument 1 'size'"),
     ("one_hot", "", [np.array(1 << 40)], "argument 1 'num_classes'"),
+    ("one_hot", "", [np.array(1 << 25)], "argument 1 'num_classes' \\(int\\) asks for 100663296"),  # 3 rows of 2^25
     ("constant_pad_nd", "", [np.array([1 << 40, 0])], "argument 1 'pad'"),
     ("unfold", "", [np.array(0), np.array(1 << 14), np.array(1)], "return 0 has"),  # a view: bounded before the copy
 ])
@@ -231,6 +232,14 @@ def test_sizes_from_the_model_are_bounded_by_the_inputs(operator, overload, cons
     sess = opforge.ort_session(model)
     with pytest.raises(Exception, match=f"{what}.*more than this node may make"):
         sess.run(None, {"x": x})
+
+
+def test_counts_that_make_a_matrix_together_are_bounded():
+    model = aten_model("eye", "m", [], consts=[np.array(1 << 16), np.array(1 << 16)], out_types=(TensorProto.FLOAT,))
+    with pytest.raises(Exception, match="'n' times 'm' asks for 4294967296 elements"):
+        opforge.ort_session(model).run(None, {})
+    model = aten_model("eye", "m", [], consts=[np.array(2), np.array(3)], out_types=(TensorProto.FLOAT,))
+    np.testing.assert_array_equal(opforge.ort_session(model).run(None, {})[0], np.eye(2, 3, dtype=np.float32))
 
 
 def test_arange_extent_is_bounded():

@@ -427,6 +427,13 @@ def test_shapes_are_checked_before_dtypes_as_torchvision_does(api):
     for op in (torch.ops.opforge.deform_conv2d, torch.ops.torchvision.deform_conv2d):
         with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
             op(*raw)
+    # the fake impl (torch.compile, opcheck's fake-tensor and AOT variants of that test) agrees
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) if torch.is_tensor(t) else t for t in raw]
+        with pytest.raises(RuntimeError, match=r"mask.shape\[1\] is not valid"):
+            torch.ops.opforge.deform_conv2d(*fake)
     # with the shapes right, the dtypes are still checked
     with pytest.raises(RuntimeError, match="weight has dtype Float but input has dtype Double"):
         torch.ops.opforge.deform_conv2d(x, layer.weight, offset, mask, layer.bias.double(), 2, 1, 1, 0, 2, 1, 2, 2, True)

@@ -159,6 +159,15 @@ def committed() -> tuple[frozenset, dict]:
     return allowed, refused
 
 
+def _has_functional_overload(name: str) -> bool:
+    import torch
+
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    return any(not _writes(getattr(packet, o)._schema) for o in packet.overloads())
+
+
 class AtenOpRefused(ValueError):
     """A model names an ATen operator libopforge_aten does not run by default."""
 
@@ -178,6 +187,8 @@ def refusal(name: str, allow: frozenset = frozenset()) -> Optional[str]:
     allowed, refused = committed()
     if name in allowed or name in allow or "*" in allow:
         return None
+    if name not in refused and not _has_functional_overload(name):
+        return None  # unknown, or in-place / out= only: the library's own error names that
     why = refused.get(name, "it is not in the vetted set of pure tensor operators")
     return (f"ATen op aten::{name} is refused: {why}. A model is data, so libopforge_aten runs only the ATen "
             f"operators opforge's exporters emit and pure tensor math. If you trust this model, allow it: "

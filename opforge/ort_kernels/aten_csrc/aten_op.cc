@@ -132,15 +132,20 @@ struct AtenPolicy {
 };
 
 // Arguments that say how many elements an op makes (a shape, a count, a length).
-// Lists are multiplied (a shape), except paddings, which are added.
+// Lists are multiplied (a shape), except paddings, which are added; counts that
+// multiply the input (repeats, tile's dims, one_hot's classes, scale factors) are
+// taken times the input's elements.
 bool is_size_argument(const std::string& name) {
   static const std::unordered_set<std::string> names{
-      "size", "sizes", "shape", "repeats", "dims", "output_size", "num_classes", "minlength", "bins", "steps",
-      "n", "m", "N", "row", "col", "window_length", "length", "s", "n_fft", "win_length", "hop_length"};
+      "size", "sizes", "shape", "output_size", "minlength", "bins", "steps", "n", "m", "N", "row", "col",
+      "window_length", "length", "s", "n_fft", "win_length", "hop_length"};
   return names.count(name) > 0;
 }
 bool is_padding_argument(const std::string& name) {
   return name == "pad" || name == "padding" || name == "output_padding";
+}
+bool multiplies_the_input(const std::string& name) {
+  return name == "repeats" || name == "dims" || name == "num_classes" || name == "scale_factors";
 }
 
 // a * b, saturating at int64's maximum (sizes here are never negative)
@@ -151,21 +156,31 @@ int64_t saturating_mul(int64_t a, int64_t b) {
 int64_t saturating_add(int64_t a, int64_t b) {
   return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
 }
+int64_t saturating_from(double v) {
+  return !(v < 9.2e18) ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(std::max(v, 0.0));  // NaN: max
+}
 
 // Elements a size argument's value asks for (0 when it is not a size).
-int64_t requested_elements(const std::string& name, const c10::IValue& v) {
-  const bool pad = is_padding_argument(name);
-  if (!pad && !is_size_argument(name)) return 0;
-  if (v.isInt()) return std::max<int64_t>(v.toInt(), 0);
-  if (v.isIntList()) {
-    int64_t total = pad ? 0 : 1;
+int64_t requested_elements(const std::string& name, const c10::IValue& v, int64_t input_elements) {
+  const bool pad = is_padding_argument(name), times_input = multiplies_the_input(name);
+  if (!pad && !times_input && !is_size_argument(name)) return 0;
+  int64_t total = 0;
+  if (v.isInt()) {
+    total = std::max<int64_t>(v.toInt(), 0);
+  } else if (v.isIntList()) {
+    total = pad ? 0 : 1;
     for (int64_t d : v.toIntVector()) {
       const int64_t e = std::max<int64_t>(d, pad ? 0 : 1);  // -1 in a shape keeps a dim
       total = pad ? saturating_add(total, e) : saturating_mul(total, e);
     }
-    return total;
+  } else if (v.isDoubleList()) {
+    double product = 1;
+    for (double f : v.toDoubleVector()) product *= std::fabs(f);
+    return saturating_from(product * static_cast<double>(std::max<int64_t>(input_elements, 1)));
+  } else {
+    return 0;
   }
-  return 0;
+  return times_input ? saturating_mul(total, std::max<int64_t>(input_elements, 1)) : total;
 }
 
 // Registration-time policies live as long as the library (their op objects do).
@@ -288,8 +303,19 @@ struct AtenKernel {
     const auto& args = op.schema().arguments();
     const int64_t bound = policy->bound(input_elements);
     for (size_t i = 0; i < args.size(); ++i) {
-      const int64_t asked = requested_elements(args[i].name(), stack[i]);
+      const int64_t asked = requested_elements(args[i].name(), stack[i], input_elements);
       if (asked > bound) return error(too_large(argument(args[i], i) + " asks for", asked, bound, input_elements));
+    }
+    // two counts that make a matrix together: eye(n, m), tril_indices(row, col)
+    for (const auto& [a, b] : {std::pair<const char*, const char*>{"n", "m"}, {"row", "col"}}) {
+      int64_t product = 1, found = 0;
+      for (size_t i = 0; i < args.size(); ++i)
+        if ((args[i].name() == a || args[i].name() == b) && stack[i].isInt()) {
+          product = saturating_mul(product, std::max<int64_t>(stack[i].toInt(), 0));
+          ++found;
+        }
+      if (found == 2 && product > bound)
+        return error(too_large(std::string("'") + a + "' times '" + b + "' asks for", product, bound, input_elements));
     }
     // arange / range take their extent as numbers: (end - start) / step elements
     const std::string& base = op.schema().name();
@@ -304,9 +330,7 @@ struct AtenKernel {
       }
       const double count = step != 0 ? std::fabs((end - start) / step) : 0;
       if (!(count <= static_cast<double>(bound)))  // also NaN
-        return error(too_large("its range asks for", count > 9e18 || std::isnan(count) ? std::numeric_limits<int64_t>::max()
-                                                                                 : static_cast<int64_t>(count),
-                               bound, input_elements));
+        return error(too_large("its range asks for", saturating_from(count), bound, input_elements));
     }
     return Ort::Status(nullptr);
   }
