@@ -146,6 +146,15 @@ def classify(op: str, opset: int) -> OpDiagnosis:
                                f"(torch.onnx.register_custom_op_symbolic('aten::{name}', fn, opset))")
         return OpDiagnosis(op, True, f"{onnx_name} (opset {since}+)", "symbolic",
                            f"export at opset {since} or more, or use aten_fallback=True at opset {opset}")
+    from .symbolics import aten_policy
+
+    refused = aten_policy.committed()[1].get(name)
+    if refused is not None:  # the fallback would export it, but libopforge_aten refuses it by default
+        return OpDiagnosis(op, True, None, "ATen fallback",
+                           f"libopforge_aten refuses it by default ({refused}): export with "
+                           f"opforge.export(..., aten_fallback=True, allow_aten={{'{name}'}}) and run it with "
+                           f"opforge.ort_session(model, allow_aten={{'{name}'}}) only for a model you trust, or "
+                           "rewrite it with supported ops")
     return OpDiagnosis(op, True, None, "ATen fallback",
                        "export with opforge.export(..., aten_fallback=True) and run it with "
                        "opforge.ort_session (registers libopforge_aten), or rewrite it with supported ops")

@@ -49,7 +49,7 @@ tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
   tests=(tests/test_crash_proofing.py tests/test_ort_node_checks.py tests/test_my_add_torch.py
          tests/test_my_add_onnx.py tests/test_deform_conv2d_torch.py tests/test_deform_conv2d_onnx.py
-         tests/test_aten.py tests/test_concurrency.py tests/test_fuzz.py -q -p no:cacheprovider)
+         tests/test_aten.py tests/test_aten_policy.py tests/test_concurrency.py tests/test_fuzz.py -q -p no:cacheprovider)
 fi
 cd "$src"
 # PYTHONPATH puts the copy's opforge ahead of the editable install of the main tree.

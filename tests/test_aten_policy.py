@@ -258,3 +258,13 @@ def test_the_size_bound_is_a_session_setting():
         sess.run(None, {"size": np.array([3, 4])})
     with pytest.raises(Exception, match=f"'{key}' must be a positive integer, got 'lots'"):
         _plain_session(_zeros_model(), **{key: "lots"})
+
+
+def test_diagnose_says_when_the_fallback_needs_an_opt_in():
+    d = opforge.diagnose(Lambda(torch.poisson), (torch.zeros(2, 3),), opset_version=17)
+    (poisson,) = [u for u in d.unsupported if "poisson" in u.op]
+    assert poisson.way == "ATen fallback"
+    assert "refuses it by default (draws from the process-wide random-number generator)" in poisson.advice
+    assert "allow_aten={'poisson'}" in poisson.advice
+    (cummax,) = opforge.diagnose(Lambda(lambda x: torch.cummax(x, 1)), (torch.zeros(2, 3),), opset_version=17).unsupported
+    assert "allow_aten" not in cummax.advice
