@@ -51,6 +51,7 @@ CSRC_DIR = PACKAGE_DIR / "csrc"
 #: Where opforge's build copies ORT's headers, so installed opforge ships them.
 BUNDLED_ORT_INCLUDE = PACKAGE_DIR / "include" / "onnxruntime"
 ORT_EXPORTS_MAP = CSRC_DIR / "opforge" / "ort_exports.map"
+ORT_CUDA_EXPORTS_MAP = CSRC_DIR / "opforge" / "ort_cuda_exports.map"
 ORT_HEADER = "onnxruntime_cxx_api.h"
 ORT_LITE_HEADER = "onnxruntime_lite_custom_op.h"
 #: The Debian package (trixie: ORT 1.21) fetch_ort_headers takes the headers from.
@@ -284,16 +285,32 @@ def opt_flags() -> list[str]:
     return ["-O0", "-g"] if os.environ.get("OPFORGE_DEBUG") == "1" else ["-O3", "-g0"]
 
 
+def path_map_flags() -> list[str]:
+    """Compiler flags that write the project's and site-packages' paths as relative ones
+    wherever the compiler records a path (``__FILE__`` in torch's and our checks, debug
+    info): built libraries name no directory of the build machine. Not in OPFORGE_DEBUG
+    builds, where a debugger needs the real paths."""
+    if os.environ.get("OPFORGE_DEBUG") == "1":
+        return []
+    prefixes = {os.path.realpath(p) for p in (os.getcwd(), _site_packages(), sys.prefix, sys.base_prefix)}
+    # The compiler takes the last matching map: nested directories after their parents.
+    return [f"-ffile-prefix-map={p}/=" for p in sorted(prefixes - {"/", "/usr"}, key=len)]
+
+
+def nvcc_flags() -> list[str]:
+    return NVCC_FLAGS + [f for flag in path_map_flags() for f in ("-Xcompiler", flag)]
+
+
 def torch_cxx_flags() -> list[str]:
     """Host-compiler flags of a torch extension. OpenMP: ``at::parallel_for`` is an inline
     OpenMP region, serial without it (the runtime libgomp is the one torch loaded)."""
-    return opt_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
+    return opt_flags() + path_map_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
 
 
 def ort_cxx_flags(std: str = "c++17") -> list[str]:
     """Host-compiler flags of an ORT custom-op library: the running ORT hands over its API
     (ORT_API_MANUAL_INIT), and nothing but RegisterCustomOps is visible."""
-    return opt_flags() + [f"-std={std}", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
+    return opt_flags() + path_map_flags() + [f"-std={std}", "-fvisibility=hidden", "-Wall", "-DORT_API_MANUAL_INIT"]
 
 
 def _is_temporary(path: str) -> bool:
@@ -354,7 +371,7 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
         common["include_dirs"] += cuda_include_dirs()
         return cpp_extension.CUDAExtension(
             name, srcs + _paths(cuda_sources),
-            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": NVCC_FLAGS + list(extra_nvcc_flags)},
+            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": nvcc_flags() + list(extra_nvcc_flags)},
             **common)
     return cpp_extension.CppExtension(name, srcs, extra_compile_args={"cxx": cxx}, **common)
 
@@ -365,28 +382,53 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
     """An ONNX Runtime custom-op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``, no
     Python ABI suffix) from ``sources``: links neither libonnxruntime nor libtorch
     (``ORT_API_MANUAL_INIT``; the running ORT hands over its API), exports only
-    ``RegisterCustomOps``. With ``cuda_sources`` in a CUDA build, it also gets the CUDA EP
-    kernels and links the CUDA runtime and cuBLAS of torch's nvidia wheels, found through
-    ``$ORIGIN``-relative run paths."""
+    ``RegisterCustomOps``.
+
+    With ``cuda_sources`` in a CUDA build, the CUDA EP kernels go into a companion,
+    ``pkg/libfoo_cuda.so`` (``sources`` + ``cuda_sources`` compiled again with
+    ``OPFORGE_WITH_CUDA``; it links the CUDA runtime and cuBLAS of torch's nvidia wheels
+    through ``$ORIGIN``-relative run paths), while ``libfoo.so`` keeps the CPU kernels and
+    no CUDA dependency: it loads on a box without CUDA and loads the companion when the
+    running ORT has a CUDA EP (``opforge/ort_cuda_companion.h``). Users still register the
+    one file; the sources need no change."""
     from setuptools import Extension
 
     cxx = ort_cxx_flags() + list(extra_cxx_flags)
-    link = [f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed", *sanitizer_flags()]
+    link = ["-Wl,--as-needed", *sanitizer_flags()]
     incs = [str(CSRC_DIR), *include_dirs, ort_include_dir(extra_candidates=ort_include_candidates)]
     srcs = _paths(sources)
-    if cuda_sources and cuda_enabled():
-        libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
-        ext = Extension(name, sources=srcs + _paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
-                        define_macros=list(define_macros), language="c++",
-                        extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"],
-                                            "nvcc": NVCC_FLAGS + list(extra_nvcc_flags)},
-                        extra_link_args=link + libs + rpath_flags(sorted({os.path.dirname(p) for p in libs}), name),
-                        py_limited_api=False)
-    else:
-        ext = Extension(name, sources=srcs, include_dirs=incs, define_macros=list(define_macros), language="c++",
-                        extra_compile_args=cxx, extra_link_args=link, py_limited_api=False)
+    with_cuda = bool(cuda_sources) and cuda_enabled()
+    macros = list(define_macros) + ([("OPFORGE_ORT_CUDA_COMPANION", "1")] if with_cuda else [])
+    ext = Extension(name, sources=srcs, include_dirs=incs, define_macros=macros, language="c++",
+                    extra_compile_args=cxx, extra_link_args=[f"-Wl,--version-script={ORT_EXPORTS_MAP}", *link],
+                    py_limited_api=False)
     ext.opforge_plain_library = True  # build_ext names it libfoo.so and exports nothing Python needs
+    if with_cuda:
+        libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
+        part = f"{name}_cuda"
+        companion = Extension(
+            part, sources=srcs + _paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
+            define_macros=list(define_macros) + [("OPFORGE_ORT_CUDA_PART", "1")], language="c++",
+            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": nvcc_flags() + list(extra_nvcc_flags)},
+            extra_link_args=[f"-Wl,--version-script={ORT_CUDA_EXPORTS_MAP}", *link, *libs,
+                             *rpath_flags(sorted({os.path.dirname(p) for p in libs}), part)],
+            py_limited_api=False)
+        companion.opforge_plain_library = True
+        companion.opforge_cuda_part = True
+        ext.opforge_cuda_companion = companion  # build_ext adds it to the extensions it builds
     return ext
+
+
+def plain_libraries(ext_modules: Iterable) -> list:
+    """``ext_modules`` with each :func:`OrtLibrary`'s CUDA companion right after it."""
+    out = []
+    for ext in ext_modules:
+        if ext not in out:
+            out.append(ext)
+        companion = getattr(ext, "opforge_cuda_companion", None)
+        if companion is not None and companion not in out:
+            out.append(companion)
+    return out
 
 
 def build_ext(*, build_dir: Optional[str] = None):
@@ -401,6 +443,10 @@ def build_ext(*, build_dir: Optional[str] = None):
             root = build_dir or os.path.join(os.getcwd(), "build")
             tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
             self.build_temp = os.path.join(root, f"temp.{tag}")
+            # CUDA companions are extensions like the others (built, installed, put in wheels).
+            self.extensions = plain_libraries(self.extensions or [])
+            if self.distribution.ext_modules:
+                self.distribution.ext_modules = plain_libraries(self.distribution.ext_modules)
 
         def _plain(self, fullname: str) -> Optional[str]:
             for ext in self.extensions:
@@ -424,7 +470,15 @@ def build_ext(*, build_dir: Optional[str] = None):
             # compile out of place and copy the results into the tree.)
             if "bdist_wheel" in (self.distribution.commands or []):
                 ext.extra_link_args = [a for a in ext.extra_link_args if not a.startswith("-Wl,-rpath,/")]
-            return super().build_extension(ext)
+            if not getattr(ext, "opforge_cuda_part", False):
+                return super().build_extension(ext)
+            # A companion compiles its library's sources again with other flags: objects of its own.
+            build_temp = self.build_temp
+            self.build_temp = os.path.join(build_temp, "cuda_companion")
+            try:
+                return super().build_extension(ext)
+            finally:
+                self.build_temp = build_temp
 
         def get_export_symbols(self, ext):
             return [] if getattr(ext, "opforge_plain_library", False) else super().get_export_symbols(ext)
@@ -450,7 +504,7 @@ def load(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
     build_directory = build_directory or str(cache_dir() / "jit" / name)
     os.makedirs(build_directory, exist_ok=True)
     # is_python_module=False: built as a plain library and loaded with torch.ops.load_library
-    return cpp_extension.load(name, srcs, extra_cflags=flags, extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
+    return cpp_extension.load(name, srcs, extra_cflags=flags, extra_cuda_cflags=nvcc_flags() if with_cuda else None,
                               extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC_DIR), *extra_include_paths],
                               build_directory=build_directory, verbose=verbose, is_python_module=False,
                               with_cuda=with_cuda)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -107,7 +108,7 @@ def cmd_info(args) -> int:
     import torch
 
     import opforge
-    from opforge.ort_kernels import ORTX_PIN
+    from opforge.ort_kernels import ORTX_PIN, cuda_companion_path, cuda_companion_status
     from opforge.prototype import is_prototype
     from opforge.spec import REGISTRY
 
@@ -126,6 +127,8 @@ def cmd_info(args) -> int:
         print("CUDA kernels   not built (rebuild with CUDA_HOME set and OPFORGE_CUDA=1)")
     for domain, (provider, path) in opforge.ort_libraries().items():
         print(f"ORT library    {domain}: {path}  [{provider}]")
+        if os.path.isfile(path) and cuda_companion_path(path):
+            print(f"  CUDA EP part {cuda_companion_status(path)}")
     for spec in REGISTRY.values():
         opsets = spec.torchscript_opsets
         extras = [f"TorchScript opsets {opsets[0]}-{opsets[-1]}"]

@@ -47,22 +47,33 @@ def test_ort_library_links_neither_onnxruntime_nor_torch():
     assert forbidden == [], needed
 
 
+def _cuda_companion(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.stem + "_cuda.so")
+
+
 def test_cuda_build_as_requested_and_linked_as_designed():
     """OPFORGE_CUDA=1 (what CI sets where nvcc exists) must give CUDA kernels, so a CUDA
-    build break cannot land; with them, the torch extension links torch's CUDA libraries
-    and the ORT library the CUDA runtime and cuBLAS (still no torch, no onnxruntime)."""
+    build break cannot land; with them, the torch extension links torch's CUDA libraries,
+    and the ORT library's CUDA EP kernels sit in a companion beside it that links the CUDA
+    runtime and cuBLAS, while the library users register links no CUDA library in any
+    build, so it loads on a box without CUDA (neither links torch nor onnxruntime)."""
     if os.environ.get("OPFORGE_CUDA") == "1":
         assert opforge.BUILT_WITH_CUDA
     ext_needed = _needed(opforge._C.__file__)
     ort_needed = _needed(opforge.ort_library_path())
+    companion = _cuda_companion(opforge.ort_library_path())
+    assert not any("cuda" in n or "cublas" in n for n in ort_needed), ort_needed
     if opforge.BUILT_WITH_CUDA:
         assert any("c10_cuda" in n for n in ext_needed), ext_needed
-        assert any(n.startswith("libcudart.so") for n in ort_needed), ort_needed
-        assert any(n.startswith("libcublas.so") for n in ort_needed), ort_needed
+        companion_needed = _needed(companion)
+        assert {"libcudart.so.13", "libcublas.so.13"} <= set(companion_needed), companion_needed
+        assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV1"}
         for op in ("my_add", "deform_conv2d", "_deform_conv2d_backward"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA"), op
     else:
-        assert not any("cuda" in n or "cublas" in n for n in ext_needed + ort_needed), (ext_needed, ort_needed)
+        assert not companion.exists()
+        assert not any("cuda" in n or "cublas" in n for n in ext_needed), ext_needed
 
 
 def test_ort_library_with_cuda_kernels_serves_cpu_sessions():
@@ -242,8 +253,8 @@ def wheel_install(tmp_path_factory):
     src = _clean_copy(tmp)
     cuda = "1" if _nvcc_exists() and torch.version.cuda else "0"
     start = time.monotonic()
-    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist")],
-                           cwd=src, env=_build_env(cuda), capture_output=True, text=True)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                            str(tmp / "dist"), "."], cwd=src, env=_build_env(cuda), capture_output=True, text=True)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(f"wheel build (OPFORGE_CUDA={cuda}): {time.monotonic() - start:.0f} s")
     (wheel,) = (tmp / "dist").glob("opforge-*.whl")
@@ -260,7 +271,8 @@ def wheel_install(tmp_path_factory):
     ort_kernels = site / "opforge" / "ort_kernels"
     (ext,) = (site / "opforge").glob("_C*.so")
     return SimpleNamespace(src=src, wheel=wheel, site=site, cuda=cuda == "1", ext=ext,
-                           ort=ort_kernels / "libopforge_ort.so", aten=ort_kernels / "libopforge_aten.so")
+                           ort=ort_kernels / "libopforge_ort.so", ort_cuda=ort_kernels / "libopforge_ort_cuda.so",
+                           aten=ort_kernels / "libopforge_aten.so")
 
 
 @pytest.mark.slow
@@ -279,7 +291,36 @@ def test_wheel_ships_libraries_and_headers(wheel_install):
     expected |= {f.relative_to(src).as_posix() for f in (src / "opforge" / "templates").rglob("*") if f.is_file()}
     assert sorted(expected - names) == []
     assert [n for n in names if n.startswith("opforge/_C.") and n.endswith(".so")], sorted(names)
+    assert ("opforge/ort_kernels/libopforge_ort_cuda.so" in names) == wheel_install.cuda
     assert not [n for n in names if n.endswith((".o", ".ninja"))]
+
+
+def _build_machine_paths(*roots) -> list[bytes]:
+    """The directories of the build machine a shipped file must not name: the build copy,
+    this venv (its site-packages holds torch's headers) and the Python it was made from."""
+    paths = {os.path.realpath(r) for r in roots} | {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
+                                                    os.path.realpath(sysconfig.get_paths()["purelib"])}
+    return sorted(p.encode() + b"/" for p in paths if p not in ("/", "/usr", "/usr/local"))
+
+
+def _files_naming(wheel: Path, paths: list[bytes]) -> dict[str, list[str]]:
+    hits = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            data = z.read(name)
+            found = [p.decode() for p in paths if p in data]
+            if found:
+                hits[name] = found
+    return hits
+
+
+@pytest.mark.slow
+def test_wheel_files_name_no_build_machine_path(wheel_install):
+    """No shipped file (libraries: __FILE__ of torch's and our checks, debug info; headers,
+    Python, metadata) names the build copy, the builder's venv or its Python:
+    opforge.build maps those prefixes away (-ffile-prefix-map)."""
+    paths = _build_machine_paths(wheel_install.src)
+    assert _files_naming(wheel_install.wheel, paths) == {}
 
 
 @pytest.mark.slow
@@ -290,7 +331,7 @@ def test_wheel_libraries_have_no_build_time_run_paths(wheel_install):
     first, as torch's wheels lay it out (site-packages/torch/lib, site-packages/nvidia/cu13/lib)."""
     w = wheel_install
     temp_roots = {os.path.realpath(tempfile.gettempdir()), tempfile.gettempdir(), str(w.src), os.path.realpath(w.src)}
-    for lib in (w.ext, w.ort, w.aten):
+    for lib in (w.ext, w.ort, w.aten) + ((w.ort_cuda,) if w.cuda else ()):
         entries = _run_paths(lib)
         bad = [e for e in entries if "pip-build-env" in e or any(e == r or e.startswith(r + os.sep) for r in temp_roots)]
         assert bad == [], (lib.name, entries)
@@ -300,12 +341,12 @@ def test_wheel_libraries_have_no_build_time_run_paths(wheel_install):
     assert aten_paths and aten_paths[0] == "$ORIGIN/../../torch/lib", aten_paths
     ort_needed, ort_paths = _needed(w.ort), _run_paths(w.ort)
     assert not [n for n in ort_needed if any(k in n for k in ("onnxruntime", "torch", "c10", "python"))], ort_needed
+    assert not [n for n in ort_needed if "cuda" in n or "cublas" in n], ort_needed
+    assert ort_paths == [], ort_paths  # needs nothing outside the system's libraries, in every build
     if w.cuda:
-        assert {"libcudart.so.13", "libcublas.so.13"} <= set(ort_needed), ort_needed
-        assert ort_paths and ort_paths[0] == "$ORIGIN/../../nvidia/cu13/lib", ort_paths
-    else:
-        assert not [n for n in ort_needed if "cuda" in n or "cublas" in n], ort_needed
-        assert ort_paths == [], ort_paths  # needs nothing outside the system's libraries
+        cuda_needed, cuda_paths = _needed(w.ort_cuda), _run_paths(w.ort_cuda)
+        assert {"libcudart.so.13", "libcublas.so.13"} <= set(cuda_needed), cuda_needed
+        assert cuda_paths and cuda_paths[0] == "$ORIGIN/../../nvidia/cu13/lib", cuda_paths
 
 
 @pytest.mark.slow
@@ -315,8 +356,10 @@ def test_wheel_libraries_resolve_from_the_site_packages_layout(wheel_install):
     through the $ORIGIN-relative run path."""
     w = wheel_install
     env = _env_without_library_path()
-    for lib, outside in ((w.aten, ["libc10.so", "libtorch_cpu.so"]),
-                         (w.ort, ["libcudart.so.13", "libcublas.so.13"] if w.cuda else [])):
+    libs = [(w.aten, ["libc10.so", "libtorch_cpu.so"]), (w.ort, [])]
+    if w.cuda:
+        libs.append((w.ort_cuda, ["libcudart.so.13", "libcublas.so.13"]))
+    for lib, outside in libs:
         found = _ldd(lib, env)
         assert not [n for n, where in found.items() if where == "not found"], (lib.name, found)
         for name in outside:
@@ -326,8 +369,9 @@ def test_wheel_libraries_resolve_from_the_site_packages_layout(wheel_install):
 @pytest.mark.slow
 def test_wheel_ort_libraries_run_in_a_process_without_torch(wheel_install):
     """Only the scratch site-packages on sys.path (python -I -S), never `import torch`:
-    libopforge_ort runs my_add (a CUDA build too: CPU kernels in a CPU-only ORT, with the
-    CUDA runtime found through $ORIGIN), libopforge_aten runs aten::cummax through libtorch."""
+    libopforge_ort runs my_add (a CUDA build too: CPU kernels in a CPU-only ORT; its CUDA
+    companion, loaded on request, finds the CUDA runtime through $ORIGIN), libopforge_aten
+    runs aten::cummax through libtorch."""
     w = wheel_install
     script = textwrap.dedent(
         f"""
@@ -362,12 +406,18 @@ def test_wheel_ort_libraries_run_in_a_process_without_torch(wheel_install):
         v, i = session(model, {str(w.aten)!r}).run(None, {{"x": np.array([[1, 3, 2], [0, -1, 5]], np.float32)}})
         assert v.tolist() == [[1, 3, 3], [0, 0, 5]] and i.tolist() == [[0, 1, 1], [0, 0, 2]], (v, i)
 
+        if {w.cuda!r}:  # OPFORGE_ORT_CUDA=always: the companion loads, its CUDA runtime found through $ORIGIN
+            so = ort.SessionOptions()
+            so.register_custom_ops_library({str(w.ort)!r})
+            status = so.get_session_config_entry("opforge.cuda_kernels.libopforge_ort")
+            assert status.startswith("loaded: ") and status.endswith({str(w.ort_cuda)!r}), status
+
         assert "torch" not in sys.modules, "torch got imported"
         print("ok")
         """
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True,
-                         env=_env_without_library_path(), cwd=w.site.parent)
+                         env=dict(_env_without_library_path(), OPFORGE_ORT_CUDA="always"), cwd=w.site.parent)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-3000:]
 
 

@@ -208,6 +208,30 @@ def ort_libraries() -> dict[str, tuple[str, str]]:
     return out
 
 
+def cuda_companion_path(library: Union[str, os.PathLike]) -> Optional[str]:
+    """The CUDA companion of an ORT library built by ``opforge.build.OrtLibrary`` in a CUDA
+    build (``libfoo.so`` -> ``libfoo_cuda.so``, beside it), or None: a CPU-only build. The
+    library loads it itself when the running ORT has a CUDA EP (``OPFORGE_ORT_CUDA``)."""
+    path = Path(library)
+    companion = path.with_name(path.stem + "_cuda.so")
+    return str(companion) if companion.is_file() else None
+
+
+def cuda_companion_status(library: Union[str, os.PathLike]) -> str:
+    """Whether ``library``'s CUDA EP kernels can load in this process: ``"none (CPU-only
+    build)"``, ``"loads: PATH"`` or ``"cannot load: WHY"`` (a missing CUDA runtime or cuBLAS)."""
+    import ctypes
+
+    companion = cuda_companion_path(library)
+    if companion is None:
+        return "none (CPU-only build)"
+    try:
+        ctypes.CDLL(companion, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        return f"cannot load: {exc}"
+    return f"loads: {companion}"
+
+
 class MissingOrtKernels(RuntimeError):
     """A model uses custom-domain ops but the ORT session has no kernels for them."""
 

@@ -14,6 +14,8 @@
 #endif
 #include <onnxruntime_cxx_api.h>
 
+#include "opforge/ort_op.h"
+
 #include <exception>
 #include <mutex>
 #include <string>
@@ -71,7 +73,7 @@ OrtStatus* add_domain(OrtSessionOptions* options, const char* library, const cha
       return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT).release();
     }
     Ort::CustomOpDomain custom_domain{domain};
-    for (const auto& op : ops) custom_domain.Add(&*op);
+    for (const auto& op : ops) custom_domain.Add(&*op);  // OrtCustomOp pointers or owning pointers
     session_options.Add(custom_domain);
     session_options.AddConfigEntry(key.c_str(), library);
     keep_domain_alive(std::move(custom_domain));
@@ -83,19 +85,88 @@ OrtStatus* add_domain(OrtSessionOptions* options, const char* library, const cha
   return nullptr;
 }
 
+inline bool is_cpu_kernel(const OrtCustomOp* op) {
+  const char* ep = op->GetExecutionProviderType(op);
+  return ep == nullptr || std::string(ep) == kCpuEp;
+}
+
+// The kernels registered in this library (OPFORGE_ORT_KERNELS) as ORT sees them;
+// `cpu` selects the CPU kernels or all the others.
+inline std::vector<const OrtCustomOp*> kernels_for(bool cpu) {
+  std::vector<const OrtCustomOp*> out;
+  for (const auto& op : registered_kernels())
+    if (is_cpu_kernel(&*op) == cpu) out.push_back(&*op);
+  return out;
+}
+
 }  // namespace ort
 }  // namespace opforge
 
-// Defines RegisterCustomOps for a library whose kernels registered themselves
-// with OPFORGE_ORT_KERNELS (needs ort_op.h): all of them, in ONNX domain `domain`.
+// The companion's exported entry (see ort_cuda_companion.h); versioned, so a stale
+// companion of another layout is refused by name.
+#define OPFORGE_ORT_CUDA_PART_ENTRY OpforgeOrtCudaKernelsV1
+#ifdef OPFORGE_ORT_CUDA_COMPANION
+#include "opforge/ort_cuda_companion.h"
+#endif
+
+// Defines the library's entry point for kernels registered with OPFORGE_ORT_KERNELS,
+// all of them in the ONNX domain `domain`. The build (opforge.build.OrtLibrary)
+// compiles a CUDA build's library twice, so one file serves every box:
+//  * the library proper (OPFORGE_ORT_CUDA_COMPANION): CPU kernels only, no CUDA
+//    dependency; RegisterCustomOps adds the companion's CUDA EP kernels when it loads
+//    (see ort_cuda_companion.h);
+//  * the companion lib<name>_cuda.so (OPFORGE_ORT_CUDA_PART): every source with
+//    OPFORGE_WITH_CUDA, exporting only its CUDA EP kernels (OPFORGE_ORT_CUDA_PART_ENTRY);
+//  * neither (a CPU-only build): RegisterCustomOps with every kernel.
+#if defined(OPFORGE_ORT_CUDA_PART)
+#define OPFORGE_ORT_LIBRARY(library, domain)                                                              \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* OPFORGE_ORT_CUDA_PART_ENTRY(               \
+      const OrtApiBase* api_base, const OrtCustomOp* const** ops, size_t* count) {                        \
+    OrtStatus* opforge_error = nullptr;                                                                   \
+    if (!::opforge::ort::init_api(api_base, library "_cuda", &opforge_error)) return opforge_error;      \
+    try {                                                                                                 \
+      static const std::vector<const OrtCustomOp*> cuda_kernels = ::opforge::ort::kernels_for(false);     \
+      *ops = cuda_kernels.data();                                                                         \
+      *count = cuda_kernels.size();                                                                       \
+      return nullptr;                                                                                     \
+    } catch (const std::exception& e) {                                                                   \
+      return Ort::Status(e).release();                                                                    \
+    }                                                                                                     \
+  }
+#elif defined(OPFORGE_ORT_CUDA_COMPANION)
 #define OPFORGE_ORT_LIBRARY(library, domain)                                                                 \
   extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(            \
       OrtSessionOptions* options, const OrtApiBase* api_base) {                                          \
     OrtStatus* opforge_error = nullptr;                                                                  \
     if (!::opforge::ort::init_api(api_base, library, &opforge_error)) return opforge_error;             \
     try {                                                                                                \
-      return ::opforge::ort::add_domain(options, library, domain, ::opforge::ort::registered_kernels()); \
+      std::string cuda_status;                                                                           \
+      const auto& kernels = ::opforge::ort::with_cuda_companion(library, api_base, &cuda_status);        \
+      Ort::UnownedSessionOptions session_options(options);                                               \
+      const std::string cuda_key = ::opforge::ort::cuda_kernels_config_key(library);                     \
+      if (OrtStatus* error = ::opforge::ort::add_domain(options, library, domain, kernels)) return error;  \
+      if (!session_options.HasConfigEntry(cuda_key.c_str()))                                             \
+        session_options.AddConfigEntry(cuda_key.c_str(), cuda_status.c_str());                           \
+      return nullptr;                                                                                    \
     } catch (const std::exception& e) {                                                                  \
       return Ort::Status(e).release();                                                                   \
     }                                                                                                    \
   }
+#else
+#define OPFORGE_ORT_LIBRARY(library, domain)                                                                 \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(            \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                                          \
+    OrtStatus* opforge_error = nullptr;                                                                  \
+    if (!::opforge::ort::init_api(api_base, library, &opforge_error)) return opforge_error;             \
+    try {                                                                                                \
+      static const std::vector<const OrtCustomOp*> kernels = [] {                                        \
+        auto cpu = ::opforge::ort::kernels_for(true), other = ::opforge::ort::kernels_for(false);        \
+        cpu.insert(cpu.end(), other.begin(), other.end());                                               \
+        return cpu;                                                                                      \
+      }();                                                                                               \
+      return ::opforge::ort::add_domain(options, library, domain, kernels);                              \
+    } catch (const std::exception& e) {                                                                  \
+      return Ort::Status(e).release();                                                                   \
+    }                                                                                                    \
+  }
+#endif
