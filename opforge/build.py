@@ -439,14 +439,16 @@ def build_ext(*, build_dir: Optional[str] = None):
 
     class OpforgeBuildExt(BuildExtension):
         def finalize_options(self):
+            # CUDA companions are extensions like the others (built, installed, put in wheels),
+            # added before setuptools sets up its per-extension bookkeeping.
+            if self.distribution.ext_modules:
+                self.distribution.ext_modules = plain_libraries(self.distribution.ext_modules)
+            if self.extensions:
+                self.extensions = plain_libraries(self.extensions)
             super().finalize_options()
             root = build_dir or os.path.join(os.getcwd(), "build")
             tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
             self.build_temp = os.path.join(root, f"temp.{tag}")
-            # CUDA companions are extensions like the others (built, installed, put in wheels).
-            self.extensions = plain_libraries(self.extensions or [])
-            if self.distribution.ext_modules:
-                self.distribution.ext_modules = plain_libraries(self.distribution.ext_modules)
 
         def _plain(self, fullname: str) -> Optional[str]:
             for ext in self.extensions:

@@ -95,3 +95,43 @@ def scratch_venv(base) -> str:
     # addsitedir (not a plain path line): the main venv's .pth files (editable opforge) apply too
     (site / "opforge_parent_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
     return str(venv / "bin" / "python")
+
+
+def needed_libraries(path) -> list:
+    """The NEEDED entries of a shared library (readelf -d)."""
+    import subprocess
+
+    out = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+    return [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def run_paths(path) -> list:
+    """The RUNPATH and RPATH entries of a shared library, in order."""
+    import subprocess
+
+    out = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+    entries = []
+    for line in out.splitlines():
+        if "(RUNPATH)" in line or "(RPATH)" in line:
+            entries += line.split("[", 1)[1].rsplit("]", 1)[0].split(":")
+    return entries
+
+
+def without_cuda(args) -> list:
+    """``args`` as a command run on a simulated box without CUDA: in a private mount namespace
+    whose torch nvidia wheels (site-packages/nvidia) and /usr/local/cuda are empty tmpfs
+    mounts, so no CUDA runtime, cuBLAS or driver stub can be found. Needs root (unshare -m);
+    the test is skipped, saying so, elsewhere."""
+    import os
+    import shlex
+    import shutil
+    import sysconfig
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("simulating a box without CUDA needs root and unshare (a private mount namespace)")
+    hidden = [d for d in (os.path.join(sysconfig.get_paths()["purelib"], "nvidia"), "/usr/local/cuda")
+              if os.path.isdir(d)]
+    mounts = "".join(f"mount -t tmpfs none {shlex.quote(d)} && " for d in hidden)
+    return ["unshare", "-m", "bash", "-c", mounts + "exec " + shlex.join(str(a) for a in args)]

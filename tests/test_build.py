@@ -22,6 +22,7 @@ import torch
 
 import opforge
 import opforge.build
+from helpers import needed_libraries, run_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,17 +32,12 @@ def _dynamic_symbols(path):
     return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
 
 
-def _needed(path):
-    out = subprocess.run(["readelf", "-d", path], check=True, capture_output=True, text=True).stdout
-    return [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
-
-
 def test_ort_library_exports_only_register_custom_ops():
     assert _dynamic_symbols(opforge.ort_library_path()) == {"RegisterCustomOps"}
 
 
 def test_ort_library_links_neither_onnxruntime_nor_torch():
-    needed = _needed(opforge.ort_library_path())
+    needed = needed_libraries(opforge.ort_library_path())
     assert needed, "readelf found no NEEDED entries at all"
     forbidden = [n for n in needed if any(k in n for k in ("onnxruntime", "torch", "c10", "python"))]
     assert forbidden == [], needed
@@ -60,13 +56,13 @@ def test_cuda_build_as_requested_and_linked_as_designed():
     build, so it loads on a box without CUDA (neither links torch nor onnxruntime)."""
     if os.environ.get("OPFORGE_CUDA") == "1":
         assert opforge.BUILT_WITH_CUDA
-    ext_needed = _needed(opforge._C.__file__)
-    ort_needed = _needed(opforge.ort_library_path())
+    ext_needed = needed_libraries(opforge._C.__file__)
+    ort_needed = needed_libraries(opforge.ort_library_path())
     companion = _cuda_companion(opforge.ort_library_path())
     assert not any("cuda" in n or "cublas" in n for n in ort_needed), ort_needed
     if opforge.BUILT_WITH_CUDA:
         assert any("c10_cuda" in n for n in ext_needed), ext_needed
-        companion_needed = _needed(companion)
+        companion_needed = needed_libraries(companion)
         assert {"libcudart.so.13", "libcublas.so.13"} <= set(companion_needed), companion_needed
         assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV1"}
         for op in ("my_add", "deform_conv2d", "_deform_conv2d_backward"):
@@ -187,16 +183,6 @@ def _build_env(cuda: str) -> dict:
 
 def _nvcc_exists() -> bool:
     return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
-
-
-def _run_paths(path) -> list[str]:
-    """The RUNPATH and RPATH entries of a library, in order."""
-    out = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
-    entries = []
-    for line in out.splitlines():
-        if "(RUNPATH)" in line or "(RPATH)" in line:
-            entries += line.split("[", 1)[1].rsplit("]", 1)[0].split(":")
-    return entries
 
 
 def _ldd(path, env=None) -> dict[str, str]:
@@ -332,19 +318,19 @@ def test_wheel_libraries_have_no_build_time_run_paths(wheel_install):
     w = wheel_install
     temp_roots = {os.path.realpath(tempfile.gettempdir()), tempfile.gettempdir(), str(w.src), os.path.realpath(w.src)}
     for lib in (w.ext, w.ort, w.aten) + ((w.ort_cuda,) if w.cuda else ()):
-        entries = _run_paths(lib)
+        entries = run_paths(lib)
         bad = [e for e in entries if "pip-build-env" in e or any(e == r or e.startswith(r + os.sep) for r in temp_roots)]
         assert bad == [], (lib.name, entries)
         # only $ORIGIN-relative entries: a wheel never reaches into the builder's environment
         assert all(e.startswith("$ORIGIN/") for e in entries), (lib.name, entries)
-    aten_paths = _run_paths(w.aten)
+    aten_paths = run_paths(w.aten)
     assert aten_paths and aten_paths[0] == "$ORIGIN/../../torch/lib", aten_paths
-    ort_needed, ort_paths = _needed(w.ort), _run_paths(w.ort)
+    ort_needed, ort_paths = needed_libraries(w.ort), run_paths(w.ort)
     assert not [n for n in ort_needed if any(k in n for k in ("onnxruntime", "torch", "c10", "python"))], ort_needed
     assert not [n for n in ort_needed if "cuda" in n or "cublas" in n], ort_needed
     assert ort_paths == [], ort_paths  # needs nothing outside the system's libraries, in every build
     if w.cuda:
-        cuda_needed, cuda_paths = _needed(w.ort_cuda), _run_paths(w.ort_cuda)
+        cuda_needed, cuda_paths = needed_libraries(w.ort_cuda), run_paths(w.ort_cuda)
         assert {"libcudart.so.13", "libcublas.so.13"} <= set(cuda_needed), cuda_needed
         assert cuda_paths and cuda_paths[0] == "$ORIGIN/../../nvidia/cu13/lib", cuda_paths
 

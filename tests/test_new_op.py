@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import scratch_venv
+from helpers import needed_libraries, run_paths, scratch_venv, without_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG, NAME, DOMAIN = "opf_example_ops", "swish", "com.example.ops"
@@ -202,6 +202,86 @@ def test_new_op_library_runs_in_a_torch_free_process(scaffold):
     """)
     run = _run([python, "-c", script], cwd="/")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
+
+
+_TORCH_FREE_SWISH = f"""
+import sys, numpy as np, onnxruntime as ort
+from onnx import helper, TensorProto
+lib = sys.argv[1]
+node = helper.make_node("{NAME}", ["X"], ["Y"], domain="{DOMAIN}", alpha=0.5)
+graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, None)],
+                          [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("{DOMAIN}", 1)])
+so = ort.SessionOptions()
+so.register_custom_ops_library(lib)
+x = np.linspace(-3, 3, 7)
+(y,) = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {{"X": x}})
+np.testing.assert_allclose(y, x / (1 + np.exp(-0.5 * x)), rtol=1e-12)
+try:  # what the library says of its CUDA part (no entry: a CPU-only build has none)
+    status = so.get_session_config_entry("opforge.cuda_kernels.lib{PKG}_ort")
+except Exception:
+    status = "cpu-only build"
+print("ok", status)
+"""
+
+
+def test_new_op_library_loads_and_runs_on_a_box_without_cuda(scaffold):
+    """The package's ORT library from a CUDA build (where nvcc is) on a box with no CUDA
+    runtime at all: it links none, runs its CPU kernel, and its CUDA part, asked for
+    (OPFORGE_ORT_CUDA=always), is reported as unavailable instead of failing the load."""
+    python, pkg_dir = scaffold
+    lib = pkg_dir / "src" / PKG / f"lib{PKG}_ort.so"
+    assert not [n for n in needed_libraries(lib) if "cuda" in n or "cublas" in n], needed_libraries(lib)
+    companion = lib.with_name(f"lib{PKG}_ort_cuda.so")
+    assert companion.is_file() == _nvcc()
+    env = dict(os.environ, OPFORGE_ORT_CUDA="always")
+    run = _run(without_cuda([sys.executable, "-I", "-c", _TORCH_FREE_SWISH, lib]), cwd="/", env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    status = run.stdout.split("ok ", 1)[1].strip()
+    if _nvcc():
+        assert status.startswith(f"unavailable: lib{PKG}_ort's CUDA kernels could not be loaded: libcudart.so"), status
+    else:
+        assert status == "cpu-only build"
+
+
+@pytest.mark.slow
+def test_new_op_wheel_installs_into_a_fresh_venv_and_runs(scaffold, tmp_path):
+    """`pip wheel --no-build-isolation` of the generated package: the wheel's libraries have only
+    $ORIGIN-relative run paths, no shipped file names the build directory or the builder's venv,
+    and, installed into a fresh venv, its op runs in torch and its library in ORT."""
+    import zipfile
+
+    python, pkg_dir = scaffold
+    env = dict(os.environ, OPFORGE_CUDA="1" if _nvcc() else "0")
+    build = _run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path / "dist"),
+                  str(pkg_dir)], cwd=tmp_path, env=env)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob(f"{PKG}-*.whl")
+    roots = {os.path.realpath(p) for p in (pkg_dir, sys.prefix, sys.base_prefix, Path(python).parents[1])}
+    with zipfile.ZipFile(wheel) as z:
+        libs = sorted(n for n in z.namelist() if n.endswith(".so"))
+        naming = {n: [r for r in roots if (r + "/").encode() in z.read(n)] for n in z.namelist()}
+        z.extractall(tmp_path / "unpacked")
+    assert f"{PKG}/lib{PKG}_ort.so" in libs and (f"{PKG}/lib{PKG}_ort_cuda.so" in libs) == _nvcc(), libs
+    assert {n: r for n, r in naming.items() if r} == {}
+    for name in libs:
+        entries = run_paths(tmp_path / "unpacked" / name)
+        assert all(e.startswith("$ORIGIN/") for e in entries), (name, entries)
+
+    fresh = scratch_venv(tmp_path / "fresh")  # sees torch/onnxruntime of this venv, not the package's editable install
+    install = _run([sys.executable, "-m", "pip", "--python", fresh, "install", "--no-deps", "--no-index", str(wheel)],
+                   cwd=tmp_path)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    site = Path(fresh).parents[1] / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    lib = site / PKG / f"lib{PKG}_ort.so"
+    check = _run([fresh, "-c", f"import torch, {PKG}; x = torch.linspace(-2, 2, 5, dtype=torch.float64);"
+                  f"print({PKG}.__file__, torch.ops.{PKG}.{NAME}(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item())"],
+                 cwd=tmp_path)
+    assert check.returncode == 0, check.stderr[-3000:]
+    module_file, err = check.stdout.split()
+    assert module_file.startswith(str(site)) and float(err) < 1e-15, check.stdout
+    run = _run([fresh, "-I", "-c", _TORCH_FREE_SWISH, lib], cwd="/")
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-4000:]
 
 
 def test_incremental_rebuild_compiles_only_the_touched_source(scaffold):
