@@ -17,6 +17,7 @@ from .diagnosis import explain_failure as _explain_failure
 from .symbolics import aten_fallback as _aten
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
+from .symbolics import onnx_schema as _onnx_schema
 
 #: Default opsets: the dynamo exporter's own default, and the newest the TorchScript exporter knows.
 DEFAULT_DYNAMO_OPSET = 18
@@ -104,6 +105,7 @@ def export(
                       f"libopforge_aten, e.g. opforge.ort_session): {', '.join(aten_ops)}",
                       _aten.AtenFallbackWarning, stacklevel=2)
     if check:
+        _onnx_schema.check_node_types(proto, where="opforge.export")  # says more than the checker's "typestr: T"
         onnx.checker.check_model(proto, full_check=True)
     if f is not None:
         onnx.save(proto, os.fspath(f))

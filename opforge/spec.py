@@ -36,18 +36,45 @@ FLOAT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfl
 TORCHSCRIPT_OPSETS = range(9, 21)
 
 
+#: Element-type names for :class:`TensorArg` ``dtypes`` (torch's names) -> ONNX type strings.
+ONNX_TYPE_OF = {
+    "float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
+    "bfloat16": "tensor(bfloat16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "int16": "tensor(int16)",
+    "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorArg:
-    """A torch Tensor argument that becomes an ONNX input (named ``onnx_name``, default ``name``)."""
+    """A torch Tensor argument that becomes an ONNX input (named ``onnx_name``, default ``name``).
+
+    ``dtypes``: the element types this input takes, by torch's names (``("int64",)`` for an
+    index tensor; keys of :data:`ONNX_TYPE_OF`), when they are not the op's own float types.
+    Default (None): one of the spec's ``onnx_types``, the same type as every other such input
+    and as the outputs. Inputs declaring the same ``dtypes`` share one ONNX type variable;
+    check_op does not cast them to the dtype it sweeps."""
 
     name: str
     onnx_name: Optional[str] = None
     doc: str = ""
     optional: bool = False
+    dtypes: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         if self.onnx_name is None:
             object.__setattr__(self, "onnx_name", self.name)
+        if self.dtypes is not None:
+            dtypes = (self.dtypes,) if isinstance(self.dtypes, str) else tuple(self.dtypes)
+            unknown = [d for d in dtypes if d not in ONNX_TYPE_OF]
+            if unknown or not dtypes:
+                raise ValueError(f"TensorArg {self.name!r}: dtypes {list(dtypes)}: each must be one of "
+                                 f"{sorted(ONNX_TYPE_OF)}")
+            object.__setattr__(self, "dtypes", dtypes)
+
+    @property
+    def own_types(self) -> bool:
+        """Whether the input declares its own element types (``dtypes``) rather than the op's."""
+        return self.dtypes is not None
 
 
 AttrKind = Literal["int", "ints", "float", "bool"]
@@ -115,6 +142,10 @@ class OpSpec:
     #: Export as the standard-ONNX lowering by default from this opset on (e.g. 19 for
     #: DeformConv); None: custom node unless standard_onnx asks otherwise.
     standard_from_opset: Optional[int] = None
+    #: The lowering needs at least this opset (e.g. 16 for GridSample) even when asked for;
+    #: None: ``standard_from_opset``, or any opset. A ``standard_dynamo`` with a keyword-only
+    #: ``opset`` parameter is told the export opset.
+    standard_min_opset: Optional[int] = None
     #: Other torch ops with this op's exact schema and semantics, exported by the same
     #: rules (e.g. "torchvision::deform_conv2d").
     torch_aliases: tuple[str, ...] = ()
@@ -178,6 +209,37 @@ class OpSpec:
     @property
     def attr_args(self) -> tuple[AttrArg, ...]:
         return tuple(a for a in self.args if isinstance(a, AttrArg))
+
+    @property
+    def typed_args(self) -> tuple[TensorArg, ...]:
+        """The tensor inputs of the op's own element type (``onnx_types``), which the outputs share."""
+        return tuple(a for a in self.tensor_args if not a.own_types)
+
+    def onnx_types_of(self, arg: TensorArg) -> tuple[str, ...]:
+        """The ONNX type strings input ``arg`` accepts."""
+        return tuple(ONNX_TYPE_OF[d] for d in arg.dtypes) if arg.own_types else self.onnx_types
+
+    def type_variables(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """``{type variable: (ONNX types, ONNX input names)}``: ``T`` for the op's own type (its
+        inputs and every output), one more per distinct ``dtypes`` of the other inputs."""
+        variables = {"T": (self.onnx_types, tuple(a.onnx_name for a in self.typed_args))}
+        for arg in self.tensor_args:
+            if not arg.own_types:
+                continue
+            types = self.onnx_types_of(arg)
+            name = next((v for v, (t, _) in variables.items() if v != "T" and t == types), None)
+            if name is None:
+                variables[f"T_{arg.onnx_name}"] = (types, (arg.onnx_name,))
+            else:
+                variables[name] = (types, variables[name][1] + (arg.onnx_name,))
+        return variables
+
+    def output_type_input(self) -> Optional[int]:
+        """The position, among the tensor inputs, of the one whose element type the outputs take."""
+        return next((i for i, a in enumerate(self.tensor_args) if not a.own_types), None)
+
+    def type_variable_of(self, arg: TensorArg) -> str:
+        return next(v for v, (_, names) in self.type_variables().items() if arg.onnx_name in names)
 
     def signature(self, leading: tuple = ()) -> inspect.Signature:
         """The op's Python signature (torch argument names), after ``leading`` parameters.

@@ -161,10 +161,12 @@ def _is_float(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
-def _cast(values: Sequence, dtype: torch.dtype) -> list:
-    """Floating tensors to ``dtype`` (fresh leaves); other tensors and attribute values unchanged."""
-    return [v.detach().to(dtype).clone() if _is_float(v) else (v.detach().clone() if isinstance(v, torch.Tensor) else v)
-            for v in values]
+def _cast(values: Sequence, dtype: torch.dtype, spec: Optional[OpSpec] = None) -> list:
+    """Floating tensors to ``dtype`` (fresh leaves), except inputs of ``spec`` that declare their own
+    dtypes (``TensorArg(dtypes=...)``); other tensors and attribute values unchanged."""
+    own = {i for i, a in enumerate(spec.args) if isinstance(a, TensorArg) and a.own_types} if spec else set()
+    return [v.detach().to(dtype).clone() if _is_float(v) and i not in own else
+            (v.detach().clone() if isinstance(v, torch.Tensor) else v) for i, v in enumerate(values)]
 
 
 def _as_tuple(out) -> tuple:
@@ -334,7 +336,8 @@ def single_node_model(spec: OpSpec, values: Sequence):
         names.pop()
     graph_inputs = [helper.make_tensor_value_info(a.onnx_name, _onnx_elem_type(v.dtype), None)
                     for a, v in zip(spec.tensor_args, inputs) if isinstance(v, torch.Tensor)]
-    first = next((v for v in inputs if isinstance(v, torch.Tensor)), None)
+    source = spec.output_type_input()  # the outputs have the type of the op's own-typed inputs
+    first = inputs[source] if source is not None and isinstance(inputs[source], torch.Tensor) else None
     out_type = _onnx_elem_type(first.dtype) if first is not None else TensorProto.FLOAT
     node = helper.make_node(spec.name, names, list(spec.outputs), domain=spec.domain, **attrs)
     graph = helper.make_graph([node], spec.name, graph_inputs,
@@ -425,7 +428,7 @@ def _check_opcheck(spec, op, samples, dtypes, **_):
         test_utils = [t for t in test_utils if t != "test_autograd_registration"]
     for i, sample in enumerate(samples):
         for dtype in run_dtypes:
-            values = _cast(sample.args, dtype)
+            values = _cast(sample.args, dtype, spec)
             if spec.differentiable:
                 for v in values:
                     if _is_float(v):
@@ -447,7 +450,7 @@ def _not_differentiable_backward(exc: BaseException) -> bool:
 
 def _check_gradcheck(spec, op, samples, gradgrad=True, **_):
     for i, sample in enumerate(samples):
-        values = _cast(sample.args, torch.float64)
+        values = _cast(sample.args, torch.float64, spec)
         positions = [k for k, v in enumerate(values) if _is_float(v)]
         inputs = tuple(values[k].requires_grad_(True) for k in positions)
         if not inputs:
@@ -495,7 +498,7 @@ def reference_kwargs(spec: OpSpec, values: Sequence) -> tuple:
 def _check_reference(spec, op, samples, dtypes, **_):
     for i, sample in enumerate(samples):
         for dtype in dtypes:
-            values = _cast(sample.args, dtype)
+            values = _cast(sample.args, dtype, spec)
             where = _where("reference", spec, sample, i, dtype)
             got = _call(op, values)
             inputs, attrs = reference_kwargs(spec, values)
@@ -549,7 +552,7 @@ def _check_export(spec, op, samples, dtypes, *, dynamo: bool, opsets, check: str
         batch = _batch_names(spec, sample, i)
         for dtype in dtypes:
             rtol, atol = _tolerance(sample.rtol, dtype), _tolerance(sample.atol, dtype)
-            values = _cast(sample.args, dtype)
+            values = _cast(sample.args, dtype, spec)
             expected = _call(op, values)
             for opset in opsets:
                 where = _where(check, spec, sample, i, dtype, f"{exporter} exporter, opset {opset}")
@@ -595,7 +598,7 @@ def _check_onnx_reference(spec, op, samples, dtypes, **_):
     for i, sample in enumerate(samples):
         for dtype in _numpy_dtypes(dtypes):
             where = _where("onnx_reference", spec, sample, i, dtype, f"dynamo exporter, opset {ONNX_REFERENCE_OPSET}")
-            values = _cast(sample.args, dtype)
+            values = _cast(sample.args, dtype, spec)
             try:
                 proto, names, positions = _export(spec, op, values, (), dynamo=True, opset=ONNX_REFERENCE_OPSET)
                 session = opforge.ort_session(proto)
@@ -625,7 +628,7 @@ def _check_float_attrs(spec, op, samples, dtypes, **_):
         name = spec.args[k].name
         for i, sample in enumerate(samples):
             for dtype in dtypes:
-                values = _cast(sample.args, dtype)
+                values = _cast(sample.args, dtype, spec)
                 v = _not_float32(values[k])
                 v32 = float(np.float32(v))
                 where = _where("float_attrs", spec, sample, i, dtype, f"attribute {name!r}")

@@ -419,6 +419,9 @@ def ort_session(
         so.intra_op_num_threads = intra_op_num_threads
     data, proto = _load_model(model)
     needed = custom_ops(proto)
+    from ..symbolics.onnx_schema import check_node_types
+
+    check_node_types(proto, where="opforge.ort_session")
     if ATEN_DOMAIN in needed:
         data, proto = _prepare_aten(data, proto, allow_aten)
     domains = list(needed) if register_libraries else []
@@ -462,6 +465,19 @@ def ort_session(
 
 
 
+def _elem_type(onnx_type: str) -> int:
+    """``tensor(int64)`` -> onnx.TensorProto.INT64."""
+    return _ELEM_TYPES[onnx_type]
+
+
+_ELEM_TYPES = {"tensor(float)": onnx.TensorProto.FLOAT, "tensor(double)": onnx.TensorProto.DOUBLE,
+               "tensor(float16)": onnx.TensorProto.FLOAT16, "tensor(bfloat16)": onnx.TensorProto.BFLOAT16,
+               "tensor(int64)": onnx.TensorProto.INT64,
+               "tensor(int32)": onnx.TensorProto.INT32, "tensor(int16)": onnx.TensorProto.INT16,
+               "tensor(int8)": onnx.TensorProto.INT8, "tensor(uint8)": onnx.TensorProto.UINT8,
+               "tensor(bool)": onnx.TensorProto.BOOL}
+
+
 def check_library_kernels(domain: str, specs=None) -> list[str]:
     """The ops of ``domain`` that have a registered spec but no kernel in the domain's ORT
     library (probed by creating an ORT session with one node of each op)."""
@@ -476,15 +492,16 @@ def check_library_kernels(domain: str, specs=None) -> list[str]:
     dummy = {"int": 1, "ints": [1, 1], "float": 1.0, "bool": 0}
     missing = []
     for spec in specs:
-        type_name = spec.onnx_types[0][len("tensor("):-1]
-        elem_type = {"float": onnx.TensorProto.FLOAT, "double": onnx.TensorProto.DOUBLE,
-                     "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}.get(
-                         type_name, onnx.TensorProto.FLOAT)
+        # each input typed as its declaration's first type (an index input as int64, say), so the
+        # probe finds the kernel registered for that signature
+        input_types = [_elem_type(spec.onnx_types_of(a)[0]) for a in spec.tensor_args]
+        out_type = _elem_type(spec.onnx_types[0])
         inputs = [a.onnx_name for a in spec.tensor_args]
         node = helper.make_node(spec.name, inputs, list(spec.outputs), domain=domain,
                                 **{a.onnx_name: dummy[a.kind] for a in spec.attr_args})
-        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, elem_type, None) for n in inputs],
-                                  [helper.make_tensor_value_info(o, elem_type, None) for o in spec.outputs])
+        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, t, None)
+                                                    for n, t in zip(inputs, input_types)],
+                                  [helper.make_tensor_value_info(o, out_type, None) for o in spec.outputs])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                         helper.make_opsetid(domain, spec.domain_version)])
         so = ort.SessionOptions()

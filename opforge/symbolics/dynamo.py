@@ -9,7 +9,8 @@ listed in ``standard_onnx``, the op's standard-ONNX lowering. Pass it as
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+import inspect
+from typing import Callable, Optional, Sequence
 
 import torch
 from onnxscript import values as _osv
@@ -43,12 +44,16 @@ def custom_translation(spec: OpSpec) -> Callable:
 
 
 @functools.lru_cache(maxsize=None)
-def standard_translation(spec: OpSpec) -> Callable:
+def standard_translation(spec: OpSpec, opset: Optional[int] = None) -> Callable:
     if spec.standard_dynamo is None:
         raise ValueError(f"opforge: {spec.qualname} has no standard-ONNX lowering")
+    # a lowering whose ONNX ops changed between opsets asks for the export opset (keyword-only `opset`)
+    parameter = inspect.signature(spec.standard_dynamo).parameters.get("opset")
+    wants_opset = parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    extra = {"opset": opset} if wants_opset else {}
 
     def translation(*values):
-        return spec.standard_dynamo(*values)
+        return spec.standard_dynamo(*values, **extra)
 
     translation.__name__ = f"{spec.name}_standard"
     return _with_signature(translation, spec)
@@ -68,7 +73,8 @@ def translation_table(standard_onnx: lowering.StandardOnnx = None, opset_version
     policy = lowering.resolve(standard_onnx)
     table = {}
     for spec in REGISTRY.values():
-        fn = standard_translation(spec) if policy.use_standard(spec, opset_version) else custom_translation(spec)
+        fn = (standard_translation(spec, opset_version) if policy.use_standard(spec, opset_version)
+              else custom_translation(spec))
         for qualname in (spec.torch_qualname, *spec.torch_aliases):
             op = _torch_op(qualname)
             if op is not None:

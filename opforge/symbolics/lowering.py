@@ -38,19 +38,20 @@ class Policy:
 
     def use_standard(self, spec: OpSpec, opset: Optional[int]) -> bool:
         has_lowering = spec.standard_torchscript is not None or spec.standard_dynamo is not None
-        available = has_lowering and (spec.standard_from_opset is None or (opset or 0) >= spec.standard_from_opset)
+        min_opset = spec.standard_min_opset or spec.standard_from_opset
+        available = has_lowering and (min_opset is None or (opset or 0) >= min_opset)
         if spec.onnx_qualname in self.forced_standard:
             if not available:
                 raise ValueError(
                     f"opforge: {spec.qualname} has no standard-ONNX equivalent at opset {opset} "
-                    f"(needs opset >= {spec.standard_from_opset}); export it as the custom op or raise the opset"
+                    f"(needs opset >= {min_opset}); export it as the custom op or raise the opset"
                 )
             return True
         if self.force_custom:
             return False
         if self.prefer_standard:
             return available
-        return spec.standard_from_opset is not None and available
+        return spec.standard_from_opset is not None and available and (opset or 0) >= spec.standard_from_opset
 
 
 def resolve(standard_onnx: StandardOnnx) -> Policy:

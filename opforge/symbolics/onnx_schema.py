@@ -27,10 +27,12 @@ def schema(spec: OpSpec) -> OpSchema:
     Param = OpSchema.FormalParameter
     Option = OpSchema.FormalParameterOption
     inputs = [
-        Param(a.onnx_name, "T", a.doc, param_option=Option.Optional if a.optional else Option.Single)
+        Param(a.onnx_name, spec.type_variable_of(a), a.doc, param_option=Option.Optional if a.optional else Option.Single)
         for a in spec.tensor_args
     ]
     outputs = [Param(name, "T", "") for name in spec.outputs]
+    constraints = [(var, list(types), _constraint_doc(var, names)) for var, (types, names) in
+                   spec.type_variables().items()]
     attributes = [OpSchema.Attribute(a.onnx_name, _ATTR_TYPE[a.kind], a.doc, required=True) for a in spec.attr_args]
     op_schema = OpSchema(
         spec.name,
@@ -39,11 +41,17 @@ def schema(spec: OpSpec) -> OpSchema:
         spec.doc,
         inputs=inputs,
         outputs=outputs,
-        type_constraints=[("T", list(spec.onnx_types), "Element type of all inputs and outputs")],
+        type_constraints=constraints,
         attributes=attributes,
     )
     op_schema.set_type_and_shape_inference_function(functools.partial(_infer, spec))
     return op_schema
+
+
+def _constraint_doc(var: str, names) -> str:
+    if var == "T":
+        return f"Element type of the outputs and of {', '.join(names) or 'no input'} (the op's onnx_types)"
+    return f"Element type of {', '.join(names)} (declared with TensorArg(dtypes=...))"
 
 
 def _shape_of(type_proto: onnx.TypeProto):
@@ -55,12 +63,14 @@ def _shape_of(type_proto: onnx.TypeProto):
 
 
 def _infer(spec: OpSpec, ctx) -> None:
-    """Outputs take input 0's element type; shapes come from spec.onnx_output_shapes."""
+    """Outputs take the element type of the first input of the op's own type (``T``); shapes
+    come from spec.onnx_output_shapes."""
     n = ctx.get_num_inputs()
     in_types = [ctx.get_input_type(i) if ctx.has_input(i) else None for i in range(n)]
-    if not in_types or in_types[0] is None or not in_types[0].HasField("tensor_type"):
+    source = spec.output_type_input()
+    if source is None or source >= n or in_types[source] is None or not in_types[source].HasField("tensor_type"):
         return
-    elem_type = in_types[0].tensor_type.elem_type
+    elem_type = in_types[source].tensor_type.elem_type
     shapes = None
     if spec.onnx_output_shapes is not None:
         attrs = {}
@@ -89,3 +99,48 @@ def register(spec: OpSpec) -> None:
 def register_all() -> None:
     for spec in REGISTRY.values():
         register(spec)
+
+
+class NodeTypeError(TypeError):
+    """A node of an opforge-registered op has an input of an element type its OpSchema does not allow."""
+
+
+def _known_elem_types(proto: onnx.ModelProto) -> dict:
+    """``{value name: element type}`` for the values whose type the model states or ONNX's
+    (non-strict) shape inference can tell."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # noqa: BLE001 - fall back to what the model states
+        inferred = proto
+    graph = inferred.graph
+    types = {i.name: i.data_type for i in graph.initializer}
+    for info in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
+def check_node_types(proto: onnx.ModelProto, *, where: str = "opforge") -> None:
+    """Every node of a registered op gets inputs of the element types its spec declares; else
+    :class:`NodeTypeError` names the op, the input, the type it got, the types allowed and where
+    to declare others (before ONNX's checker or ORT says only ``typestr: T, has unsupported type``)."""
+    nodes = [n for n in proto.graph.node if f"{n.domain}::{n.op_type}" in REGISTRY]
+    if not nodes:
+        return
+    types = _known_elem_types(proto)
+    for node in nodes:
+        spec = REGISTRY[f"{node.domain}::{node.op_type}"]
+        for arg, value in zip(spec.tensor_args, node.input):
+            if not value or value not in types:
+                continue
+            got = f"tensor({onnx.helper.tensor_dtype_to_string(types[value]).replace('TensorProto.', '').lower()})"
+            allowed = spec.onnx_types_of(arg)
+            if got in allowed:
+                continue
+            how = (f"it is declared TensorArg({arg.name!r}, dtypes={arg.dtypes!r})" if arg.own_types else
+                   f"it has the op's own element type (OpSpec.onnx_types); if the op takes other types there, declare "
+                   f"them on the input: TensorArg({arg.name!r}, dtypes=(...)), e.g. dtypes=('int64',) for an index")
+            raise NodeTypeError(
+                f"{where}: node {node.name or node.op_type!r} of {spec.onnx_qualname} (opforge's OpSchema, from the op's "
+                f"spec) gets input {arg.onnx_name!r} of type {got}, which it does not take: it allows "
+                f"{', '.join(allowed)}; {how}")

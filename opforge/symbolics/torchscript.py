@@ -26,7 +26,10 @@ def _set_output_types(spec: OpSpec, inputs, attrs, out) -> None:
     # outputs ourselves (input 0's dtype, shape from the spec over the traced
     # shapes, dynamic dims as None) so downstream ops and graph outputs stay
     # typed and dynamic dims stay dynamic.
-    first = inputs[0].type()
+    source = spec.output_type_input()
+    if source is None:
+        return
+    first = inputs[source].type()
     if first.kind() != "TensorType":
         return
     shapes = [v.type().varyingSizes() if v.type().kind() == "TensorType" else None for v in inputs]
