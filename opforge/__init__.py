@@ -14,7 +14,7 @@ exists. :mod:`opforge.build` builds a package's own kernels;
 from . import ops, spec, symbolics
 from .diagnosis import Diagnosis, ExportError, diagnose
 from .export import export
-from .ops import MyAdd, MyAddFunction, deform_conv2d, my_add
+from .ops import MSDeformAttn, MultiScaleDeformableAttnFunction, MyAdd, MyAddFunction, deform_conv2d, ms_deform_attn, my_add
 from .ort_kernels import (
     MissingOpforgeKernels,
     MissingOrtKernels,
@@ -73,6 +73,9 @@ __all__ = [
     "diagnose",
     "export",
     "my_add",
+    "ms_deform_attn",
+    "MSDeformAttn",
+    "MultiScaleDeformableAttnFunction",
     "ops",
     "ort_libraries",
     "ort_library_path",

@@ -45,6 +45,16 @@ class OpInputError(RuntimeError, ValueError, TypeError):
     a bad value or type: an ``except`` written for any of the three catches it."""
 
 
+def as_input_error(op: str, error: Exception) -> Exception:
+    """A kernel's error about the op's arguments (its message starts with ``op``, e.g.
+    ``opforge::deform_conv2d``) as an :class:`OpInputError` with the same words and traceback;
+    any other error unchanged."""
+    text = str(error)
+    if isinstance(error, OpInputError) or not text.startswith(op):
+        return error
+    return OpInputError(text).with_traceback(error.__traceback__)
+
+
 def torch_op(spec: OpSpec) -> torch._ops.OpOverload:
     """``torch.ops.<namespace>.<name>.default`` of ``spec``, or an error saying what to load."""
     try:

@@ -33,8 +33,8 @@ from typing import Optional
 import torch
 
 from .ops import _registry
-from .ops.deform_conv2d import _compatible_bias, _input_error, _output_shape, deform_conv2d
-from .registration import OpInputError
+from .ops.deform_conv2d import _compatible_bias, _output_shape, deform_conv2d
+from .registration import OpInputError, as_input_error
 
 _OP = "opforge::deform_conv2d"
 
@@ -70,7 +70,7 @@ def _forward_kernel(input, weight, offset, mask, bias, stride_h, stride_w, pad_h
         out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h,
                                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
     except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
-        raise _input_error(e) from None
+        raise as_input_error("opforge::deform_conv2d", e) from None
     return out if bias_after is None else out + bias_after
 
 
@@ -84,7 +84,7 @@ def _backward_kernel(grad, input, weight, offset, mask, bias, stride_h, stride_w
             grad.to(input.dtype), input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h, pad_w,
             dilation_h, dilation_w, groups, offset_groups, use_mask)
     except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
-        raise _input_error(e) from None
+        raise as_input_error("opforge::deform_conv2d", e) from None
     grad_input, grad_weight, grad_offset, grad_mask, grad_bias = grads
     if bias_after is not None:  # the output was promoted to the bias's dtype: sum the gradient there
         grad_bias = grad.sum((0, 2, 3)).to(bias.dtype)

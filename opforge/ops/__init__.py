@@ -12,6 +12,7 @@ import pkgutil
 from ..registration import check_library
 from ._registry import _C  # noqa: F401
 from .deform_conv2d import DEFORM_CONV2D, deform_conv2d
+from .ms_deform_attn import MS_DEFORM_ATTN, MSDeformAttn, MultiScaleDeformableAttnFunction, ms_deform_attn
 from .my_add import MY_ADD, MyAdd, MyAddFunction, my_add
 
 for _module in pkgutil.iter_modules(__path__):
@@ -29,4 +30,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DEFORM_CONV2D", "DeformConv2d", "deform_conv2d", "MY_ADD", "MyAdd", "MyAddFunction", "my_add"]
+__all__ = ["DEFORM_CONV2D", "DeformConv2d", "deform_conv2d", "MY_ADD", "MyAdd", "MyAddFunction", "my_add",
+           "MS_DEFORM_ATTN", "MSDeformAttn", "MultiScaleDeformableAttnFunction", "ms_deform_attn"]

@@ -25,8 +25,8 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from .. import spec as _spec
-from ..registration import OpInputError, check_same_device, register_op
-from ._registry import _C
+from ..registration import OpInputError, as_input_error, check_same_device, register_op
+from ._registry import _C, Untraced
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
 
@@ -253,15 +253,6 @@ def _script_pair(value: IntOrPair) -> List[int]:
         return [value[0], value[1]]
 
 
-def _input_error(error: Exception) -> Exception:
-    """A kernel's error about our arguments (RuntimeError; ValueError for mixed devices)
-    as an OpInputError with the same words; other errors unchanged."""
-    text = str(error)
-    if isinstance(error, OpInputError) or not text.startswith("opforge::deform_conv2d"):
-        return error
-    return OpInputError(text).with_traceback(error.__traceback__)
-
-
 def _compatible_bias(bias: Optional[torch.Tensor], input: torch.Tensor,
                      out_channels: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """torchvision's bias rule on top of the op's strict one ([O], input's dtype).
@@ -327,21 +318,6 @@ def _deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tens
     return out if bias_after is None else out + bias_after
 
 
-class _Untraced:
-    """Suspends the TorchScript tracer: sizes read inside are plain ints, not traced values.
-
-    groups and offset_groups become constant attributes of the exported node whatever the
-    input size, so reading them from traced sizes only made the tracer warn (five
-    TracerWarnings per export) about Python values it records as constants anyway."""
-
-    def __enter__(self):
-        self.state = torch._C._get_tracing_state()
-        torch._C._set_tracing_state(None)
-
-    def __exit__(self, *exc):
-        torch._C._set_tracing_state(self.state)
-
-
 def deform_conv2d(input: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor,
                   bias: Optional[torch.Tensor] = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
                   dilation: IntOrPair = 1, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -367,11 +343,11 @@ def _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation,
     try:
         plan = None
         if torch.jit.is_tracing():
-            with _Untraced():
+            with Untraced():
                 plan = _plan(input, offset, weight, bias)
         return _deform_conv2d(input, offset, weight, bias, *pairs, mask, plan)
     except (RuntimeError, ValueError, TypeError) as e:  # the kernels' errors about our arguments
-        raise _input_error(e) from None
+        raise as_input_error("opforge::deform_conv2d", e) from None
 
 
 def _module_class() -> type:

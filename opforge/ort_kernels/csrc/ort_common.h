@@ -33,5 +33,9 @@ struct DeformConv2dAttrs {
                     const std::vector<int64_t>& bias, core::DeformConv2dParams& p) const;
 };
 
+// ms_deform_attn's node check at kernel creation (inputs, one output, the
+// im2col_step attribute); returns im2col_step.
+int64_t check_ms_deform_attn_node(const OrtKernelInfo* info);
+
 }  // namespace ort
 }  // namespace opforge

@@ -7,6 +7,7 @@
 
 #include "deform_conv2d.cuh"
 #include "launch.h"
+#include "ms_deform_attn.cuh"
 #include "my_add.cuh"
 
 namespace opforge {
@@ -64,6 +65,34 @@ cudaError_t fill_bias(Dtype dtype, int64_t batch, int64_t out_channels, int64_t 
   return with_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return launch_fill_bias<T>(batch, out_channels, pixels, static_cast<const T*>(bias), static_cast<T*>(out), stream);
+  });
+}
+
+cudaError_t ms_deform_attn_forward(Dtype dtype, const MsDeformAttnParams& p, const void* value,
+                                   const int64_t* spatial_shapes, const int64_t* level_start_index,
+                                   const void* sampling_locations, const void* attention_weights, void* out,
+                                   cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return launch_ms_deform_attn_forward<T>(p, static_cast<const T*>(value), spatial_shapes, level_start_index,
+                                            static_cast<const T*>(sampling_locations),
+                                            static_cast<const T*>(attention_weights), static_cast<T*>(out), stream);
+  });
+}
+
+cudaError_t ms_deform_attn_backward(Dtype dtype, const MsDeformAttnParams& p, const void* grad_output,
+                                    const void* value, const int64_t* spatial_shapes,
+                                    const int64_t* level_start_index, const void* sampling_locations,
+                                    const void* attention_weights, void* grad_value, void* grad_sampling_locations,
+                                    void* grad_attention_weights, cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename acc<T>::type;
+    return launch_ms_deform_attn_backward<T>(
+        p, static_cast<const T*>(grad_output), static_cast<const T*>(value), spatial_shapes, level_start_index,
+        static_cast<const T*>(sampling_locations), static_cast<const T*>(attention_weights),
+        static_cast<A*>(grad_value), static_cast<T*>(grad_sampling_locations),
+        static_cast<T*>(grad_attention_weights), stream);
   });
 }
 

@@ -12,6 +12,7 @@
 
 #include "../broadcast.h"
 #include "../deform_conv2d_tap.h"
+#include "../ms_deform_attn_sample.h"
 
 namespace opforge {
 namespace core {
@@ -38,6 +39,23 @@ cudaError_t deform_backward(Dtype dtype, const DeformConv2dParams& p, const void
 // out[b, o, :] = bias[o] for a [batch, out_channels, pixels] tensor.
 cudaError_t fill_bias(Dtype dtype, int64_t batch, int64_t out_channels, int64_t pixels, const void* bias, void* out,
                       cudaStream_t stream);
+
+// Multi-scale deformable attention, output [N, Lq, M*D] (dtype). spatial_shapes /
+// level_start_index are int64 device pointers whose host copies passed
+// ms_deform_attn_check_levels (the kernels index value with them).
+cudaError_t ms_deform_attn_forward(Dtype dtype, const MsDeformAttnParams& p, const void* value,
+                                   const int64_t* spatial_shapes, const int64_t* level_start_index,
+                                   const void* sampling_locations, const void* attention_weights, void* out,
+                                   cudaStream_t stream);
+
+// Its backward: accumulates grad_value ([N, S, M, D], float32 for 16-bit dtypes,
+// else dtype; must start zeroed) and writes grad_sampling_locations /
+// grad_attention_weights (dtype).
+cudaError_t ms_deform_attn_backward(Dtype dtype, const MsDeformAttnParams& p, const void* grad_output,
+                                    const void* value, const int64_t* spatial_shapes,
+                                    const int64_t* level_start_index, const void* sampling_locations,
+                                    const void* attention_weights, void* grad_value, void* grad_sampling_locations,
+                                    void* grad_attention_weights, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace core

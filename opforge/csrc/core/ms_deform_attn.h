@@ -1,0 +1,492 @@
+// Multi-scale deformable attention (Deformable DETR's ms_deform_attn_core_pytorch,
+// mmcv's argument order): the compute core shared by the torch extension
+// (opforge::ms_deform_attn) and the ORT kernels. Plain C++ templates; the
+// caller provides the parallel-for.
+//
+//   out[n, q, m*D + d] = sum_{l, p} attention_weights[n, q, m, l, p] *
+//                        bilinear(level l of value[n, :, m, d], sampling_locations[n, q, m, l, p])
+//
+// where level l is value[n, start_l : start_l + H_l*W_l] viewed as an H_l x W_l
+// map (row-major) and the location (x, y) in [0, 1]^2 is sampled as
+// grid_sample(align_corners=False, padding_mode="zeros") does
+// (ms_deform_attn_sample.h).
+//
+// Speed: value is [N, S, M, D], so the D channels a head samples at one
+// position are contiguous. Each sampling point's corners and weights are
+// computed ONCE and applied to the whole D-vector (a unit-stride loop the
+// compiler vectorises, at the widest vectors the CPU has: cpu_dispatch.h);
+// value is read in place (no per-level copies, no transposes).
+//
+// The CPU kernels take float or double; the front ends widen 16-bit tensors
+// to float32 first (one pass, then every sample is a plain float load) and
+// round the results once.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cpu_dispatch.h"
+#include "format.h"
+#include "ms_deform_attn_sample.h"
+
+namespace opforge {
+namespace core {
+
+// im2col_step is mmcv's batching knob: its CUDA kernels process the batch in
+// chunks of im2col_step images to bound a temporary buffer. These kernels
+// need no temporary per image (they read value in place and write the output
+// directly), so the argument has no effect on the result or the memory used;
+// it is accepted, and must be positive as mmcv requires, so that models and
+// calls written for mmcv run unchanged.
+inline std::string ms_deform_attn_check_im2col_step(int64_t im2col_step) {
+  if (im2col_step <= 0)
+    return "opforge::ms_deform_attn: im2col_step must be positive, got " + std::to_string(im2col_step);
+  return "";
+}
+
+// The rule on shapes alone: ranks, N / M / L / P agreement, the trailing 2 of
+// sampling_locations, spatial_shapes (L, 2), level_start_index (L,), at least
+// one level, im2col_step > 0, and every element count (and byte size in any
+// dtype) fits int64. Fills p. Returns "" when valid, else a message naming the
+// op and the argument. The fake impl (through _ms_deform_attn_output_shape)
+// and every kernel apply it, so they accept the same shapes.
+inline std::string ms_deform_attn_check(const int64_t* value, int value_rank, const int64_t* spatial_shapes,
+                                        int spatial_shapes_rank, const int64_t* level_start_index,
+                                        int level_start_index_rank, const int64_t* sampling_locations,
+                                        int sampling_locations_rank, const int64_t* attention_weights,
+                                        int attention_weights_rank, int64_t im2col_step, MsDeformAttnParams& p) {
+  const std::string op = "opforge::ms_deform_attn: ";
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  if (value_rank != 4) return op + "value must be 4-D (N, S, M, D), got shape " + dims_str(value, value_rank);
+  if (spatial_shapes_rank != 2)
+    return op + "spatial_shapes must be 2-D (L, 2), one (H, W) row per level, got shape " +
+           dims_str(spatial_shapes, spatial_shapes_rank);
+  if (level_start_index_rank != 1)
+    return op + "level_start_index must be 1-D (L,), got shape " +
+           dims_str(level_start_index, level_start_index_rank);
+  if (sampling_locations_rank != 6)
+    return op + "sampling_locations must be 6-D (N, Lq, M, L, P, 2), got shape " +
+           dims_str(sampling_locations, sampling_locations_rank);
+  if (attention_weights_rank != 5)
+    return op + "attention_weights must be 5-D (N, Lq, M, L, P), got shape " +
+           dims_str(attention_weights, attention_weights_rank);
+  const struct {
+    const char* name;
+    const int64_t* dims;
+    int rank;
+  } tensors[] = {{"value", value, value_rank},
+                 {"spatial_shapes", spatial_shapes, spatial_shapes_rank},
+                 {"level_start_index", level_start_index, level_start_index_rank},
+                 {"sampling_locations", sampling_locations, sampling_locations_rank},
+                 {"attention_weights", attention_weights, attention_weights_rank}};
+  for (const auto& t : tensors)
+    for (int i = 0; i < t.rank; ++i)
+      if (t.dims[i] < 0) return op + t.name + " has a negative size: shape " + dims_str(t.dims, t.rank);
+  if (std::string err = ms_deform_attn_check_im2col_step(im2col_step); !err.empty()) return err;
+
+  p = MsDeformAttnParams{};
+  p.batch = value[0];
+  p.value_len = value[1];
+  p.heads = value[2];
+  p.channels = value[3];
+  p.levels = spatial_shapes[0];
+  p.queries = sampling_locations[1];
+  p.points = sampling_locations[4];
+  if (spatial_shapes[1] != 2)
+    return op + "spatial_shapes must be (L, 2), one (H, W) row per level, got shape " + dims_str(spatial_shapes, 2);
+  // No levels: nothing to attend to. Refused rather than answered with zeros:
+  // a model without feature levels is a bug, and the level checks below need one.
+  if (p.levels == 0) return op + "needs at least one level: spatial_shapes has shape " + dims_str(spatial_shapes, 2);
+  if (level_start_index[0] != p.levels)
+    return op + "level_start_index has " + str(level_start_index[0]) + " entries but spatial_shapes has " +
+           str(p.levels) + " levels (rows)";
+  if (sampling_locations[0] != p.batch)
+    return op + "sampling_locations has N = " + str(sampling_locations[0]) + " (dim 0) but value has N = " +
+           str(p.batch) + " (dim 0)";
+  if (sampling_locations[2] != p.heads)
+    return op + "sampling_locations has M = " + str(sampling_locations[2]) + " heads (dim 2) but value has M = " +
+           str(p.heads) + " (dim 2)";
+  if (sampling_locations[3] != p.levels)
+    return op + "sampling_locations has L = " + str(sampling_locations[3]) + " levels (dim 3) but spatial_shapes has " +
+           str(p.levels) + " rows";
+  if (sampling_locations[5] != 2)
+    return op + "sampling_locations must end in a dim of size 2 (x, y), got shape " + dims_str(sampling_locations, 6);
+  for (int i = 0; i < 5; ++i)
+    if (attention_weights[i] != sampling_locations[i]) {
+      static const char* const dim_names[5] = {"N", "Lq", "M", "L", "P"};
+      return op + "attention_weights has " + dim_names[i] + " = " + str(attention_weights[i]) + " (dim " + str(i) +
+             ") but sampling_locations has " + str(sampling_locations[i]) + ": attention_weights must be (N, Lq, M, L, "
+             "P) = " + dims_str(sampling_locations, 5) + ", got " + dims_str(attention_weights, 5);
+    }
+  // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
+  int64_t value_numel = 1, loc_numel = 1, out_numel = 1, bytes;
+  bool fits = true;
+  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(value_numel, value[i], &value_numel);
+  for (int i = 0; i < 6; ++i) fits = fits && !__builtin_mul_overflow(loc_numel, sampling_locations[i], &loc_numel);
+  const int64_t out_dims[4] = {p.batch, p.queries, p.heads, p.channels};
+  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(out_numel, out_dims[i], &out_numel);
+  fits = fits && !__builtin_mul_overflow(value_numel, int64_t(16), &bytes) &&
+         !__builtin_mul_overflow(loc_numel, int64_t(16), &bytes) &&
+         !__builtin_mul_overflow(out_numel, int64_t(16), &bytes);
+  if (!fits)
+    return op + "value " + dims_str(value, 4) + ", sampling_locations " + dims_str(sampling_locations, 6) +
+           " or the output (N, Lq, M*D) has more elements than int64 can count";
+  return "";
+}
+
+// The output shape (N, Lq, M*D) of checked params.
+inline void ms_deform_attn_output_dims(const MsDeformAttnParams& p, int64_t out[3]) {
+  out[0] = p.batch;
+  out[1] = p.queries;
+  out[2] = p.heads * p.channels;
+}
+
+// The rule on the level geometry, which is data (host copies of spatial_shapes
+// [L, 2] and level_start_index [L]) that the kernels index value with: every
+// H, W > 0, H*W and the running sum in int64 without overflow, the sizes sum
+// to S, and level l starts at the sum of the sizes before it. The index
+// tensors come from the caller (in ORT, a model or its feeds), so every
+// kernel applies this before reading value: after it, every corner position
+// start_l + y*W_l + x is in [0, S). p must have passed ms_deform_attn_check.
+inline std::string ms_deform_attn_check_levels(const MsDeformAttnParams& p, const int64_t* spatial_shapes,
+                                               const int64_t* level_start_index) {
+  const std::string op = "opforge::ms_deform_attn: ";
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  int64_t total = 0;
+  bool total_fits = true;
+  for (int64_t l = 0; l < p.levels; ++l) {
+    const int64_t h = spatial_shapes[2 * l], w = spatial_shapes[2 * l + 1];
+    const std::string row = "spatial_shapes row " + str(l) + " is (" + str(h) + ", " + str(w) + ")";
+    if (h <= 0 || w <= 0) return op + row + ": sizes must be positive";
+    int64_t size;
+    if (__builtin_mul_overflow(h, w, &size)) return op + row + ": H*W overflows int64";
+    total_fits = total_fits && !__builtin_add_overflow(total, size, &total);
+  }
+  if (!total_fits) return op + "the levels' sizes (H*W of each spatial_shapes row) overflow int64 when summed";
+  if (total != p.value_len)
+    return op + "the levels' sizes sum to " + str(total) + " but value has S = " + str(p.value_len) + " (dim 1)";
+  int64_t start = 0;
+  for (int64_t l = 0; l < p.levels; ++l) {
+    if (level_start_index[l] != start)
+      return op + "level_start_index[" + str(l) + "] is " + str(level_start_index[l]) + " but spatial_shapes puts level " +
+             str(l) + " at " + str(start);
+    start += spatial_shapes[2 * l] * spatial_shapes[2 * l + 1];
+  }
+  return "";
+}
+
+// ---- CPU kernels ------------------------------------------------------------------------
+// Both take ranges of independent work items, so torch's at::parallel_for and
+// ORT's thread pool split them the same way:
+//   forward : item = n * Lq + q (one query: all its heads' output channels);
+//   backward: item = n * M + m (one head of one image: it alone writes
+//             grad_value[n, :, m, :], so items need no atomics).
+
+// acc[0:n] += w0*a0 + w1*a1 + w2*a2 + w3*a3 (four corners, one D-vector).
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_blend4(const T* __restrict a0, const T* __restrict a1,
+                                                 const T* __restrict a2, const T* __restrict a3, T w0, T w1, T w2,
+                                                 T w3, T* __restrict acc, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) acc[d] += w0 * a0[d] + w1 * a1[d] + w2 * a2[d] + w3 * a3[d];
+}
+
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_axpy(const T* __restrict a, T w, T* __restrict acc, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) acc[d] += w * a[d];
+}
+
+// Sampling points are handled in batches of kMsDeformAttnBatch: first every
+// point's corners are computed and their value rows prefetched, then the rows
+// are blended. A point's rows are scattered over value (and, for large maps,
+// beyond L2), so issuing the whole batch's loads before using any overlaps
+// their latencies instead of paying them one point at a time.
+constexpr int64_t kMsDeformAttnBatch = 64;
+
+// Brings the D-vector at row towards L1 (every cache line of it).
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_prefetch(const T* row, int64_t n) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t d = 0; d < n; d += kLine) __builtin_prefetch(row + d);
+  if (n > 0) __builtin_prefetch(row + n - 1);
+}
+
+// One sampling point of the current batch: its corners and the value rows
+// they sample (the head's channels of position 0 of its level).
+template <typename T>
+struct MsDeformAttnPoint {
+  MsDeformAttnCorners<T> c;
+  const T* level;
+  T aw;
+};
+
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_forward_impl(const MsDeformAttnParams& p, const T* value,
+                                                       const int64_t* spatial_shapes,
+                                                       const int64_t* level_start_index, const T* sampling_locations,
+                                                       const T* attention_weights, T* out, int64_t begin,
+                                                       int64_t end) {
+  const int64_t M = p.heads, D = p.channels, P = p.points, LP = p.points_per_head(), row = p.value_row();
+  const int64_t query_points = M * LP;  // points of one query, in (m, l, p) order
+  MsDeformAttnPoint<T> batch[kMsDeformAttnBatch];
+  for (int64_t item = begin; item < end; ++item) {  // item = (n, q)
+    const T* image = value + (item / p.queries) * p.value_len * row;
+    T* out_q = out + item * M * D;
+    std::fill(out_q, out_q + M * D, T(0));
+    for (int64_t first = 0; first < query_points; first += kMsDeformAttnBatch) {
+      const int64_t count = std::min(kMsDeformAttnBatch, query_points - first);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t idx = first + i, m = idx / LP, l = (idx / P) % p.levels, pt = item * query_points + idx;
+        MsDeformAttnPoint<T>& b = batch[i];
+        b.c = ms_deform_attn_corners<T>(sampling_locations[2 * pt], sampling_locations[2 * pt + 1],
+                                        spatial_shapes[2 * l], spatial_shapes[2 * l + 1]);
+        b.level = image + level_start_index[l] * row + m * D;
+        b.aw = attention_weights[pt];
+        for (int k = 0; k < 4; ++k)
+          if (b.c.valid & (1u << k)) ms_deform_attn_prefetch(b.level + b.c.pos[k] * row, D);
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        const MsDeformAttnPoint<T>& b = batch[i];
+        const MsDeformAttnCorners<T>& c = b.c;
+        const T aw = b.aw;
+        T* acc = out_q + ((first + i) / LP) * D;
+        if (c.valid == 15) {
+          ms_deform_attn_blend4(b.level + c.pos[0] * row, b.level + c.pos[1] * row, b.level + c.pos[2] * row,
+                                b.level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3], acc, D);
+        } else if (c.valid != 0) {
+          for (int k = 0; k < 4; ++k)
+            if (c.valid & (1u << k)) ms_deform_attn_axpy(b.level + c.pos[k] * row, aw * c.w[k], acc, D);
+        } else if (!std::isfinite(aw)) {
+          // The point samples 0, and weight * 0 is NaN for a non-finite
+          // weight, as in the reference composition (grid_sample, then weigh).
+          for (int64_t d = 0; d < D; ++d) acc[d] += aw * T(0);
+        }
+      }
+    }
+  }
+}
+
+// Per-corner dot products g . v_k, and grad_v_k += a_k * g, over one D-vector.
+// The dot products accumulate in kLanes partial sums so the loop vectorises
+// (a single running sum is a serial dependency the compiler must keep).
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_backward4(const T* __restrict g, const T* __restrict v0,
+                                                    const T* __restrict v1, const T* __restrict v2,
+                                                    const T* __restrict v3, T a0, T a1, T a2, T a3,
+                                                    T* __restrict gv0, T* __restrict gv1, T* __restrict gv2,
+                                                    T* __restrict gv3, int64_t n, T dot[4]) {
+  constexpr int kLanes = 8;
+  T part[4][kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const T gd = g[d + j];
+      part[0][j] += gd * v0[d + j];
+      part[1][j] += gd * v1[d + j];
+      part[2][j] += gd * v2[d + j];
+      part[3][j] += gd * v3[d + j];
+      gv0[d + j] += a0 * gd;
+      gv1[d + j] += a1 * gd;
+      gv2[d + j] += a2 * gd;
+      gv3[d + j] += a3 * gd;
+    }
+  for (int k = 0; k < 4; ++k) {
+    dot[k] = T(0);
+    for (int j = 0; j < kLanes; ++j) dot[k] += part[k][j];
+  }
+  for (; d < n; ++d) {
+    const T gd = g[d];
+    dot[0] += gd * v0[d];
+    dot[1] += gd * v1[d];
+    dot[2] += gd * v2[d];
+    dot[3] += gd * v3[d];
+    gv0[d] += a0 * gd;
+    gv1[d] += a1 * gd;
+    gv2[d] += a2 * gd;
+    gv3[d] += a3 * gd;
+  }
+}
+
+// One corner's share of the above (corners at the map's edge).
+template <typename T>
+OPFORGE_ALWAYS_INLINE T ms_deform_attn_backward1(const T* __restrict g, const T* __restrict v, T a,
+                                                 T* __restrict gv, int64_t n) {
+  constexpr int kLanes = 8;
+  T part[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      part[j] += g[d + j] * v[d + j];
+      gv[d + j] += a * g[d + j];
+    }
+  T dot = T(0);
+  for (int j = 0; j < kLanes; ++j) dot += part[j];
+  for (; d < n; ++d) {
+    dot += g[d] * v[d];
+    gv[d] += a * g[d];
+  }
+  return dot;
+}
+
+// grad_value must be zeroed by the caller (items accumulate into it);
+// grad_sampling_locations and grad_attention_weights are written.
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_backward_impl(const MsDeformAttnParams& p, const T* grad_output,
+                                                        const T* value, const int64_t* spatial_shapes,
+                                                        const int64_t* level_start_index,
+                                                        const T* sampling_locations, const T* attention_weights,
+                                                        T* grad_value, T* grad_sampling_locations,
+                                                        T* grad_attention_weights, int64_t begin, int64_t end) {
+  const int64_t M = p.heads, D = p.channels, L = p.levels, P = p.points, row = p.value_row();
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t n = item / M, m = item % M;
+    const T* image = value + n * p.value_len * row + m * D;
+    T* grad_image = grad_value + n * p.value_len * row + m * D;
+    for (int64_t q = 0; q < p.queries; ++q) {
+      const int64_t head = (n * p.queries + q) * M + m;  // (n, q, m)
+      const T* g = grad_output + head * D;
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t h = spatial_shapes[2 * l], w = spatial_shapes[2 * l + 1];
+        const T* level = image + level_start_index[l] * row;
+        T* grad_level = grad_image + level_start_index[l] * row;
+        for (int64_t pt = (head * L + l) * P, pt_end = pt + P; pt < pt_end; ++pt) {
+          const T aw = attention_weights[pt];
+          const MsDeformAttnCorners<T> c =
+              ms_deform_attn_corners<T>(sampling_locations[2 * pt], sampling_locations[2 * pt + 1], h, w);
+          T dot[4] = {T(0), T(0), T(0), T(0)};  // grad_output . value at each corner
+          if (c.valid == 15) {
+            ms_deform_attn_backward4(g, level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
+                                     level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3],
+                                     grad_level + c.pos[0] * row, grad_level + c.pos[1] * row,
+                                     grad_level + c.pos[2] * row, grad_level + c.pos[3] * row, D, dot);
+          } else {
+            for (int k = 0; k < 4; ++k)
+              if (c.valid & (1u << k))
+                dot[k] = ms_deform_attn_backward1(g, level + c.pos[k] * row, aw * c.w[k], grad_level + c.pos[k] * row, D);
+          }
+          // out = aw * sum_k w_k(x, y) v_k with x = loc_x * W - 0.5, y = loc_y * H - 0.5.
+          // A point that samples nothing has dot = 0 and gets zero gradients (no aw * 0 here).
+          T dx[4], dy[4];
+          ms_deform_attn_weight_derivatives(c, dx, dy);
+          T sample = T(0), along_x = T(0), along_y = T(0);
+          for (int k = 0; k < 4; ++k) {
+            sample += c.w[k] * dot[k];
+            along_x += dx[k] * dot[k];
+            along_y += dy[k] * dot[k];
+          }
+          grad_attention_weights[pt] = sample;
+          grad_sampling_locations[2 * pt] = c.valid ? aw * along_x * static_cast<T>(w) : T(0);
+          grad_sampling_locations[2 * pt + 1] = c.valid ? aw * along_y * static_cast<T>(h) : T(0);
+        }
+      }
+    }
+  }
+}
+
+// ISA clones (cpu_dispatch.h): the always-inline bodies re-vectorise inside each.
+template <typename T>
+void ms_deform_attn_forward_base(const MsDeformAttnParams& p, const T* value, const int64_t* shapes,
+                                 const int64_t* starts, const T* loc, const T* attn, T* out, int64_t begin,
+                                 int64_t end) {
+  ms_deform_attn_forward_impl(p, value, shapes, starts, loc, attn, out, begin, end);
+}
+template <typename T>
+void ms_deform_attn_backward_base(const MsDeformAttnParams& p, const T* grad_out, const T* value,
+                                  const int64_t* shapes, const int64_t* starts, const T* loc, const T* attn,
+                                  T* grad_value, T* grad_loc, T* grad_attn, int64_t begin, int64_t end) {
+  ms_deform_attn_backward_impl(p, grad_out, value, shapes, starts, loc, attn, grad_value, grad_loc, grad_attn, begin,
+                               end);
+}
+#if OPFORGE_X86_DISPATCH
+template <typename T>
+OPFORGE_TARGET_AVX2 void ms_deform_attn_forward_avx2(const MsDeformAttnParams& p, const T* value,
+                                                     const int64_t* shapes, const int64_t* starts, const T* loc,
+                                                     const T* attn, T* out, int64_t begin, int64_t end) {
+  ms_deform_attn_forward_impl(p, value, shapes, starts, loc, attn, out, begin, end);
+}
+template <typename T>
+OPFORGE_TARGET_AVX512 void ms_deform_attn_forward_avx512(const MsDeformAttnParams& p, const T* value,
+                                                         const int64_t* shapes, const int64_t* starts, const T* loc,
+                                                         const T* attn, T* out, int64_t begin, int64_t end) {
+  ms_deform_attn_forward_impl(p, value, shapes, starts, loc, attn, out, begin, end);
+}
+template <typename T>
+OPFORGE_TARGET_AVX2 void ms_deform_attn_backward_avx2(const MsDeformAttnParams& p, const T* grad_out,
+                                                      const T* value, const int64_t* shapes, const int64_t* starts,
+                                                      const T* loc, const T* attn, T* grad_value, T* grad_loc,
+                                                      T* grad_attn, int64_t begin, int64_t end) {
+  ms_deform_attn_backward_impl(p, grad_out, value, shapes, starts, loc, attn, grad_value, grad_loc, grad_attn, begin,
+                               end);
+}
+template <typename T>
+OPFORGE_TARGET_AVX512 void ms_deform_attn_backward_avx512(const MsDeformAttnParams& p, const T* grad_out,
+                                                          const T* value, const int64_t* shapes,
+                                                          const int64_t* starts, const T* loc, const T* attn,
+                                                          T* grad_value, T* grad_loc, T* grad_attn, int64_t begin,
+                                                          int64_t end) {
+  ms_deform_attn_backward_impl(p, grad_out, value, shapes, starts, loc, attn, grad_value, grad_loc, grad_attn, begin,
+                               end);
+}
+#endif
+
+// Forward items [begin, end) (item = n * Lq + q): writes out[n, q, :]. T is
+// float or double; the level geometry must have passed ms_deform_attn_check_levels.
+template <typename T>
+inline void ms_deform_attn_forward(const MsDeformAttnParams& p, const T* value, const int64_t* spatial_shapes,
+                                   const int64_t* level_start_index, const T* sampling_locations,
+                                   const T* attention_weights, T* out, int64_t begin, int64_t end) {
+#if OPFORGE_X86_DISPATCH
+  switch (cpu_isa()) {
+    case Isa::kAvx512:
+      return ms_deform_attn_forward_avx512(p, value, spatial_shapes, level_start_index, sampling_locations,
+                                           attention_weights, out, begin, end);
+    case Isa::kAvx2:
+      return ms_deform_attn_forward_avx2(p, value, spatial_shapes, level_start_index, sampling_locations,
+                                         attention_weights, out, begin, end);
+    default:
+      break;
+  }
+#endif
+  ms_deform_attn_forward_base(p, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
+                              begin, end);
+}
+
+// Backward items [begin, end) (item = n * M + m): accumulates grad_value[n, :, m, :]
+// (zeroed by the caller) and writes grad_sampling_locations / grad_attention_weights
+// of every (q, l, p) of that head.
+template <typename T>
+inline void ms_deform_attn_backward(const MsDeformAttnParams& p, const T* grad_output, const T* value,
+                                    const int64_t* spatial_shapes, const int64_t* level_start_index,
+                                    const T* sampling_locations, const T* attention_weights, T* grad_value,
+                                    T* grad_sampling_locations, T* grad_attention_weights, int64_t begin,
+                                    int64_t end) {
+#if OPFORGE_X86_DISPATCH
+  switch (cpu_isa()) {
+    case Isa::kAvx512:
+      return ms_deform_attn_backward_avx512(p, grad_output, value, spatial_shapes, level_start_index,
+                                            sampling_locations, attention_weights, grad_value,
+                                            grad_sampling_locations, grad_attention_weights, begin, end);
+    case Isa::kAvx2:
+      return ms_deform_attn_backward_avx2(p, grad_output, value, spatial_shapes, level_start_index,
+                                          sampling_locations, attention_weights, grad_value, grad_sampling_locations,
+                                          grad_attention_weights, begin, end);
+    default:
+      break;
+  }
+#endif
+  ms_deform_attn_backward_base(p, grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                               attention_weights, grad_value, grad_sampling_locations, grad_attention_weights, begin,
+                               end);
+}
+
+// Forward items per parallel task: about 32k multiply-adds each, so small
+// problems stay on one thread and large ones split evenly.
+inline int64_t ms_deform_attn_forward_grain(const MsDeformAttnParams& p) {
+  // in double: the product of sizes of two different tensors may exceed int64
+  const double per_item = 4.0 * double(p.heads) * double(p.points_per_head()) * double(std::max<int64_t>(p.channels, 1));
+  return per_item >= 32768.0 ? 1 : std::max<int64_t>(1, static_cast<int64_t>(32768.0 / std::max(per_item, 1.0)));
+}
+
+}  // namespace core
+}  // namespace opforge
