@@ -42,6 +42,16 @@ def test_tutorial_05_covers_the_toolkit_flow(tmp_path):
     assert out.count("ORT matches torch at batch 5") == 2
 
 
+def test_tutorial_07_trains_exports_both_ways_and_runs_at_another_size(tmp_path):
+    out = run([str(ROOT / "tutorials" / "07_ms_deform_attn.py")], cwd=tmp_path).stdout
+    losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if line.startswith("2. step")]
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    for exporter in ("dynamo", "torchscript"):
+        assert f"3. {exporter}: exported, custom nodes ['opforge::ms_deform_attn']" in out, exporter
+        assert f"4. {exporter}: ORT at batch 3, levels [[20, 12], [10, 6]] (3, 300, 32) matches torch" in out, exporter
+    assert "5. standard ONNX (domains ['ai.onnx'], 2 GridSample nodes): plain onnxruntime" in out
+
+
 def test_cli_demo(tmp_path):
     out = run(["-m", "opforge", "demo", "--out", str(tmp_path)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -78,6 +88,17 @@ def test_deform_conv2d_benchmark_reports_ratios(tmp_path):
     result = json.loads(out.stdout)
     for key in ("ort_vs_builtin", "forward_vs_conv2d", "speedup_forward_vs_torchvision", "speedup_fwd_bwd_vs_torchvision"):
         assert result[key] > 0
+
+
+def test_ms_deform_attn_benchmark_reports_speedups_and_agreement(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_ms_deform_attn.py"), "--quick", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    for shape in ("decoder", "encoder"):
+        for key in ("speedup_forward", "speedup_fwd_bwd", "speedup_ort"):
+            assert result[shape][key] > 0
+        assert set(result[shape]["max_abs_diff"]) == {"output", "grad_value", "grad_locations", "grad_weights",
+                                                      "ort_output", "ort_vs_torch_output"}
 
 
 def test_torchvision_patch_benchmark_reports_speedups_and_agreement(tmp_path):
