@@ -20,7 +20,8 @@ SCALE = float(os.environ.get("OPFORGE_FUZZ_SCALE", "1"))
 SEED = int(os.environ.get("OPFORGE_FUZZ_SEED", "0"))
 BATCH = 400
 # target -> batches of BATCH cases at scale 1
-PLAN = {"deform_conv2d:torch": 4, "deform_conv2d:ort": 3, "my_add:torch": 2, "my_add:ort": 2, "aten:ort": 2}
+PLAN = {"deform_conv2d:torch": 4, "deform_conv2d:ort": 3, "ms_deform_attn:torch": 2, "ms_deform_attn:ort": 1,
+        "my_add:torch": 2, "my_add:ort": 2, "aten:ort": 2}
 BATCHES = [(target, b) for target, n in PLAN.items() for b in range(max(1, round(n * SCALE)))]
 
 
