@@ -363,3 +363,11 @@ def test_module_trains_and_exports_with_both_exporters():
         proto = opforge.export(attn, args, dynamo=dynamo, input_names=names, opset_version=18 if dynamo else 17)
         (got,) = opforge.ort_session(proto).run(None, {n: t.numpy() for n, t in zip(names, args)})
         np.testing.assert_allclose(got, attn(*args).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_float_inputs_of_different_types_are_refused_naming_both():
+    value, shapes, starts, loc, weights = random_inputs()
+    model = single_node_model(MS_DEFORM_ATTN, (value.float(), shapes, starts, loc, weights.float(), 64))
+    with pytest.raises(NodeTypeError, match=r"gets input 'sampling_locations' of type tensor\(double\) but 'value' of "
+                                            r"type tensor\(float\); they share one element type \(T\)"):
+        opforge.ort_session(model)

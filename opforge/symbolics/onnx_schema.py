@@ -130,11 +130,18 @@ def check_node_types(proto: onnx.ModelProto, *, where: str = "opforge") -> None:
     types = _known_elem_types(proto)
     for node in nodes:
         spec = REGISTRY[f"{node.domain}::{node.op_type}"]
+        seen = {}  # type variable -> (input, type) of its first known input
         for arg, value in zip(spec.tensor_args, node.input):
             if not value or value not in types:
                 continue
             got = f"tensor({onnx.helper.tensor_dtype_to_string(types[value]).replace('TensorProto.', '').lower()})"
             allowed = spec.onnx_types_of(arg)
+            variable = spec.type_variable_of(arg)
+            first = seen.setdefault(variable, (arg.onnx_name, got))
+            if got in allowed and first[1] != got:
+                raise NodeTypeError(
+                    f"{where}: node {node.name or node.op_type!r} of {spec.onnx_qualname} gets input {arg.onnx_name!r} "
+                    f"of type {got} but {first[0]!r} of type {first[1]}; they share one element type ({variable})")
             if got in allowed:
                 continue
             how = (f"it is declared TensorArg({arg.name!r}, dtypes={arg.dtypes!r})" if arg.own_types else
