@@ -3,6 +3,8 @@
     opforge demo [--exporter {both,dynamo,torchscript}] [--opset N] [--out DIR]
     opforge info
     opforge new-op NAME --package PKG [--dir DIR] [--domain DOMAIN] [--cuda|--no-cuda|--prototype] [--force]
+                   [--schema "NAME(Tensor x, Tensor index, float alpha) -> Tensor" [--dtypes index=int64]
+                    [--backward {python,cpp}]]
     opforge ort-library-path [DOMAIN]
     opforge fetch-ort-headers [--dest DIR] [--force]
     opforge include-paths
@@ -158,7 +160,7 @@ def cmd_new_op(args) -> int:
     from .scaffold import new_op
 
     new_op(args.name, args.package, args.dir, domain=args.domain, cuda=args.cuda, force=args.force,
-           prototype=args.prototype)
+           prototype=args.prototype, schema=args.schema, dtypes=args.dtypes, backward=args.backward)
     return 0
 
 
@@ -199,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     new = sub.add_parser("new-op", help="write a standalone package with one working custom op",
                          description="Writes an installable package with a working op y = x * sigmoid(alpha * x) "
                          "(torch CPU/CUDA kernels, ORT CPU/CUDA-EP kernels, spec, tests, README); with --prototype, "
-                         "the same op as a spec and a numpy kernel, no C++.")
+                         "the same op as a spec and a numpy kernel, no C++; with --schema, a package for that "
+                         "signature, every piece generated from it and placeholder math to replace.")
     new.add_argument("name", help="op name (torch.ops.PKG.NAME)")
     new.add_argument("--package", required=True, metavar="PKG", help="Python package and torch namespace")
     new.add_argument("--dir", default=None, metavar="DIR", help="where to write it (default: ./PKG)")
@@ -212,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="no C++: the op as a spec + numpy kernel, run in ONNX Runtime through "
                            "onnxruntime-extensions (pure-Python package; move it to C++ later)")
     new.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    new.add_argument("--schema", default=None, metavar="SCHEMA",
+                     help='the op\'s torch schema, e.g. "NAME(Tensor x, Tensor index, float alpha) -> Tensor" '
+                          "(Tensor, Tensor?, int, float, bool, int[] arguments; one or several Tensor outputs): "
+                          "the whole package is generated for it, with placeholder math to replace (CPU kernels)")
+    new.add_argument("--dtypes", action="append", default=None, metavar="NAME=DTYPE[,NAME=DTYPE]",
+                     help="with --schema: element type of a tensor input that is not of the op's float types "
+                          "(int64, int32, int16, int8, uint8, bool), e.g. index=int64; repeatable")
+    new.add_argument("--backward", choices=["python", "cpp"], default=None,
+                     help="with --schema: the backward as an autograd formula in Python (default) or as a C++ op "
+                          "of its own, _NAME_backward, next to the forward")
     new.set_defaults(func=cmd_new_op)
 
     fetch = sub.add_parser("fetch-ort-headers", help="fetch ONNX Runtime's C/C++ headers (Debian's libonnxruntime-dev)")

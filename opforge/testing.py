@@ -448,6 +448,19 @@ def _not_differentiable_backward(exc: BaseException) -> bool:
             or "not implemented" in text.lower() or "autograd kernel was not registered" in text)
 
 
+def _says_no_double_backward(exc: BaseException) -> bool:
+    """Whether a gradgradcheck failure is the op saying it has no double backward: the clear error
+    that the autograd kernel of a C++ backward op raises (opforge's ops, ``opforge new-op --backward
+    cpp``), whatever its other words, in the exception or its cause."""
+    seen: set = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if "double backward" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _check_gradcheck(spec, op, samples, gradgrad=True, **_):
     for i, sample in enumerate(samples):
         values = _cast(sample.args, torch.float64, spec)
@@ -478,6 +491,12 @@ def _check_gradcheck(spec, op, samples, gradgrad=True, **_):
                 warnings.filterwarnings("ignore", message=".*autograd kernel was not registered.*")
                 torch.autograd.gradgradcheck(fn, inputs, fast_mode=fast)
         except Exception as exc:
+            if _says_no_double_backward(exc):
+                raise AssertionError(
+                    f"{where}: gradgradcheck: {spec.torch_qualname} has no double backward, as its backward says "
+                    f"({type(exc).__name__}: {exc}). Pass gradgrad=False (check_op / op_tests) to check its first-order "
+                    "gradients only, or give its backward op an autograd formula"
+                ) from exc
             if _not_differentiable_backward(exc):
                 raise AssertionError(
                     f"{where}: gradgradcheck: the op's backward is not itself differentiable ({type(exc).__name__}: "

@@ -17,6 +17,17 @@ the ORT library), registers the op's spec (``opforge.register_op``), checks it w
 ``opforge.testing``, and runs a model that mixes it with ``opforge.my_add`` through both
 exporters in one ONNX Runtime session.
 
+Then an op with inputs of mixed element types, made from its schema alone:
+
+    opforge new-op scaled_rows --package my_ops --schema \
+        "scaled_rows(Tensor x, Tensor rows, float scale) -> Tensor" --dtypes rows=int64
+
+writes the same kind of package for that signature (the argument list appears once, in the
+schema): OpSpec args, dtype checks, fake impl, torch and ORT kernels with the right C++ types
+(``Ort::Custom::Tensor<int64_t>`` for ``rows``, ``float`` for ``scale``), wrapper, module, tests
+and a benchmark. Its math is a stated placeholder; what is left to write is the core's forward
+(one C++ function), the shape rule, the numpy reference and example inputs.
+
     .venv/bin/python tutorials/05_your_own_op.py
 """
 
@@ -27,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 import opforge
@@ -34,6 +46,9 @@ import opforge.build
 from opforge.scaffold import new_op
 
 PKG, NAME, DOMAIN = "tutorial_ops", "swish", "com.example.tutorial"
+# The mixed-type op of step 6: a float tensor, an int64 index tensor and a float attribute.
+MIXED_PKG, MIXED, MIXED_DOMAIN = "tutorial_schema_ops", "scaled_rows", "com.example.tutorial.schema"
+MIXED_SCHEMA = f"{MIXED}(Tensor x, Tensor rows, float scale) -> Tensor"
 
 
 def step(title: str) -> None:
@@ -104,7 +119,9 @@ def main() -> int:
         verdict = "ORT matches torch" if diff < 1e-5 else "ORT DIFFERS from torch"
         print(f"   [{'dynamo' if dynamo else 'torchscript'}] {nodes}\n      {verdict} at batch 5: max |diff| = {diff:.1e}")
 
-    step("6. shipping it")
+    ok &= mixed_type_op_from_schema(work)
+
+    step("7. shipping it")
     print(f"   pip install --no-build-isolation -e {pkg_dir}   then   python -m pytest {pkg_dir}")
     print("   the package's pyproject declares its ORT library as an entry point "
           f"(opforge.ort_libraries: {DOMAIN}), so opforge.ort_session finds it without importing the package")
@@ -112,9 +129,64 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def _load_spec_module(path: Path):
+def mixed_type_op_from_schema(work: Path) -> bool:
+    """Step 6: `new-op --schema` for an op with an int64 input; the generated pieces, built and checked."""
+    step("6. an op with mixed input types, from its schema: new-op --schema ... --dtypes rows=int64")
+    pkg_dir = new_op(MIXED, MIXED_PKG, work / MIXED_PKG, domain=MIXED_DOMAIN, schema=MIXED_SCHEMA,
+                     dtypes={"rows": "int64"}, log=lambda s: None)
+    csrc = pkg_dir / "src" / MIXED_PKG / "csrc"
+    spec_path = pkg_dir / "src" / MIXED_PKG / f"{MIXED}.py"
+
+    def show(path: Path, *needles: str) -> None:
+        lines = path.read_text().splitlines()
+        for needle in needles:
+            print(f"   {path.name}: " + next(line for line in lines if needle in line).strip())
+
+    print("   the schema's arguments, typed for every piece:")
+    show(spec_path, 'TensorArg("rows"', 'AttrArg("scale"')
+    show(csrc / f"{MIXED}_torch.cpp", "rows.scalar_type() == at::kLong", "static_cast<float>(scale)")
+    show(csrc / f"{MIXED}_ort.cc", "Ort::Custom::Tensor<int64_t>& rows")
+    show(csrc / f"{MIXED}.h", "Input<int64_t> rows;", f"std::string {MIXED}_forward(")
+    print("   left to write (PLACEHOLDER until then): csrc/scaled_rows.h: scaled_rows_forward, and in scaled_rows.py "
+          "_output_shapes, _reference, example_args")
+    show(csrc / f"{MIXED}.h", "PLACEHOLDER: the output")
+
+    t0 = time.perf_counter()
+    opforge.build.load(f"{MIXED_PKG}_torch", [str(csrc / f"{MIXED}_torch.cpp")], extra_include_paths=[str(csrc)])
+    opforge.build.load_ort_library(f"{MIXED_PKG}_ort", [str(csrc / f"{MIXED}_ort.cc")], domain=MIXED_DOMAIN)
+    module = _load_spec_module(spec_path, f"{MIXED_PKG}_{MIXED}_spec")
+    spec = getattr(module, MIXED.upper())
+    op = opforge.register_op(spec)
+    print(f"   built and registered {spec.torch_qualname} ({time.perf_counter() - t0:.0f} s)")
+
+    from opforge.testing import Sample, check_op
+
+    t0 = time.perf_counter()
+    samples = [Sample(*module.example_args((4, 6)), name="2d")]
+    check_op(spec, samples, checks=("opcheck", "gradcheck", "reference", "float_attrs"),
+             dtypes=[torch.float32, torch.float64])
+    print(f"   opcheck, gradcheck, numpy reference, float32 attributes: ok ({time.perf_counter() - t0:.0f} s)")
+
+    x, rows, scale = module.example_args((4, 6))
+    ok = True
+    for dynamo in (True, False):
+        kw = ({"dynamic_shapes": ({0: torch.export.Dim("batch")}, None)} if dynamo
+              else {"dynamic_axes": {"x": {0: "batch"}}, "opset_version": 17})
+        proto = opforge.export(module.ScaledRows(scale), (x, rows), dynamo=dynamo, input_names=["x", "rows"],
+                               **kw, **({"verbose": False} if dynamo else {}))
+        inputs = {i.name: onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in proto.graph.input}
+        x9 = torch.randn(9, 6)
+        (got,) = opforge.ort_session(proto).run(None, {"x": x9.numpy(), "rows": rows.numpy()})
+        same = np.array_equal(got, op(x9, rows, scale).numpy())
+        ok &= same
+        verdict = "ORT matches torch bit for bit" if same else "ORT DIFFERS from torch"
+        print(f"   [{'dynamo' if dynamo else 'torchscript'}] inputs {inputs}: {verdict} at batch 9")
+    return ok
+
+
+def _load_spec_module(path: Path, module_name: str = f"{PKG}_{NAME}_spec"):
     """Imports the generated spec module from its file (the JIT flow has no installed package)."""
-    spec = importlib.util.spec_from_file_location(f"{PKG}_{NAME}_spec", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,0 +1,368 @@
+"""`opforge new-op NAME --schema "..."`: the whole package generated from a torch schema, outside
+this repo, end to end. Two ops are generated, built in a scratch venv (as tests/test_new_op.py
+does) and checked by their own generated tests:
+
+* one from a float tensor, an int64 index tensor (``--dtypes index=int64``) and a float attribute,
+  which also exports with both exporters under opforge.export's full check and runs in ONNX Runtime
+  exactly as in torch;
+* one with two outputs and int[], bool, optional-tensor and defaulted float arguments and a C++
+  backward op (``--backward cpp``), whose double backward is a clear error.
+
+Plus what needs no build: the generated text (types, names, no leftovers of the example op), the
+refusals of what cannot be generated, and check_op's advice for an op without double backward."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from helpers import scratch_venv
+from opforge.scaffold import new_op, parse_schema
+from opforge.testing import Sample, check_op
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A float tensor, an index tensor of another element type and a float attribute.
+MIXED_PKG, MIXED, MIXED_DOMAIN = "opf_schema_mixed", "mixed_types", "com.example.mixed"
+MIXED_SCHEMA = f"{MIXED}(Tensor x, Tensor index, float alpha) -> Tensor"
+# Two outputs; int[], bool, optional tensor and defaulted float arguments; the backward as a C++ op.
+MULTI_PKG, MULTI, MULTI_DOMAIN = "opf_schema_multi", "two_outputs", "com.example.multi"
+MULTI_SCHEMA = (f"{MULTI}(Tensor x, Tensor y, Tensor? weight, int[] sizes, bool flag, float alpha, float beta=0.5) "
+                "-> (Tensor, Tensor)")
+
+
+def _nvcc() -> bool:
+    return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
+
+
+def _run(args, **kwargs):
+    return subprocess.run(args, capture_output=True, text=True, **kwargs)
+
+
+def _joined_literals(text: str) -> str:
+    """``text`` with adjacent string literals ("a " "b", also across lines) joined, as the compilers join them."""
+    return re.sub(r'"\s+"', "", text)
+
+
+def _files(pkg_dir: Path) -> dict:
+    """{relative path: text} of the generated files."""
+    return {p.relative_to(pkg_dir).as_posix(): p.read_text() for p in sorted(pkg_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    base = tmp_path_factory.mktemp("new_op_schema")
+    assert ROOT not in base.parents
+    return scratch_venv(base), base
+
+
+def _generate_and_build(venv, name, package, domain, schema, *extra) -> Path:
+    python, base = venv
+    pkg_dir = base / package
+    gen = _run([python, "-m", "opforge", "new-op", name, "--package", package, "--domain", domain, "--schema", schema,
+                *extra, "--dir", str(pkg_dir)], cwd=base)
+    assert gen.returncode == 0, gen.stderr
+    assert "PLACEHOLDER" in gen.stdout and "next:" in gen.stdout
+    env = dict(os.environ, OPFORGE_CUDA="1" if _nvcc() else "0")  # a CUDA-enabled build where nvcc is
+    build = _run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
+                 cwd=base, env=env)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    return pkg_dir
+
+
+@pytest.fixture(scope="module")
+def mixed(venv):
+    return venv[0], _generate_and_build(venv, MIXED, MIXED_PKG, MIXED_DOMAIN, MIXED_SCHEMA, "--dtypes", "index=int64")
+
+
+@pytest.fixture(scope="module")
+def multi(venv):
+    return venv[0], _generate_and_build(venv, MULTI, MULTI_PKG, MULTI_DOMAIN, MULTI_SCHEMA, "--backward", "cpp")
+
+
+# ---- generated text (no build) ---------------------------------------------------------------------
+
+
+def test_the_package_follows_the_schema_and_is_named_after_the_op(tmp_path):
+    pkg_dir = new_op(MIXED, MIXED_PKG, tmp_path / MIXED_PKG, domain=MIXED_DOMAIN, schema=MIXED_SCHEMA,
+                     dtypes=["index=int64"], log=lambda s: None)
+    files = _files(pkg_dir)
+    assert sorted(files) == sorted([
+        "README.md", "pyproject.toml", "setup.py", f"benchmarks/bench_{MIXED}.py", f"tests/test_{MIXED}.py",
+        f"src/{MIXED_PKG}/__init__.py", f"src/{MIXED_PKG}/_ort.py", f"src/{MIXED_PKG}/{MIXED}.py",
+        f"src/{MIXED_PKG}/csrc/{MIXED}.h", f"src/{MIXED_PKG}/csrc/{MIXED}_torch.cpp",
+        f"src/{MIXED_PKG}/csrc/{MIXED}_ort.cc", f"src/{MIXED_PKG}/csrc/core_tensor.h",
+        f"src/{MIXED_PKG}/csrc/torch_glue.h", f"src/{MIXED_PKG}/csrc/ort_glue.h"])
+    for path, text in files.items():  # nothing of the example op survives
+        for word in ("swish", "Swish", "SWISH", "sigmoid"):
+            assert word not in text, (path, word)
+    spec, core = files[f"src/{MIXED_PKG}/{MIXED}.py"], files[f"src/{MIXED_PKG}/csrc/{MIXED}.h"]
+    torch_cpp, ort_cc = files[f"src/{MIXED_PKG}/csrc/{MIXED}_torch.cpp"], files[f"src/{MIXED_PKG}/csrc/{MIXED}_ort.cc"]
+    placeholder = "the output = x * (1 + alpha), shaped like x; index unused"
+    for text in (spec, core, files["README.md"]):  # the placeholder says it is one, everywhere
+        assert placeholder in text and "PLACEHOLDER" in text
+    # The argument list exists once, in the schema; every piece is generated from it with the right types.
+    assert f'schema="{MIXED_SCHEMA}"' in spec and f'm.def("{MIXED_SCHEMA}");' in torch_cpp
+    assert 'opforge.TensorArg("index", dtypes=("int64",)' in spec and 'opforge.AttrArg("alpha", kind="float"' in spec
+    assert "if index.dtype != torch.int64:" in spec
+    assert "index.scalar_type() == at::kLong" in torch_cpp and "torch_glue::input<int64_t>(index)" in torch_cpp
+    assert "args.alpha = static_cast<float>(alpha);" in torch_cpp and "double alpha" in torch_cpp
+    assert "const Ort::Custom::Tensor<int64_t>& index" in ort_cc and "const Ort::Custom::Tensor<T>& x" in ort_cc
+    assert 'opforge::ort::node_attribute<float>(info, kOp, "alpha")' in ort_cc
+    assert "Input<int64_t> index;" in core and "float alpha = 0;" in core
+    assert core.count(f"std::string {MIXED}_forward(") == 1 and f"{MIXED}_backward" not in core  # one function
+    assert "CUDA_SOURCES = []  # new-op --schema: CPU kernels only" in files["setup.py"]
+
+
+def test_several_outputs_lists_optional_tensors_and_a_cpp_backward(tmp_path):
+    pkg_dir = new_op(MULTI, MULTI_PKG, tmp_path / MULTI_PKG, domain=MULTI_DOMAIN, schema=MULTI_SCHEMA,
+                     backward="cpp", log=lambda s: None)
+    files = _files(pkg_dir)
+    spec, core = files[f"src/{MULTI_PKG}/{MULTI}.py"], files[f"src/{MULTI_PKG}/csrc/{MULTI}.h"]
+    torch_cpp, ort_cc = files[f"src/{MULTI_PKG}/csrc/{MULTI}_torch.cpp"], files[f"src/{MULTI_PKG}/csrc/{MULTI}_ort.cc"]
+    assert 'outputs=("out0", "out1"),' in spec and 'helper_ops=("_two_outputs_backward",)' in spec
+    assert 'opforge.TensorArg("weight", optional=True' in spec and 'opforge.AttrArg("sizes", kind="ints"' in spec
+    assert "def two_outputs(" in spec and "beta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:" in spec
+    assert "std::tuple<at::Tensor, at::Tensor> two_outputs_cpu(" in torch_cpp
+    assert "const std::optional<at::Tensor>& weight" in torch_cpp and "at::IntArrayRef sizes" in torch_cpp
+    assert ('m.def("_two_outputs_backward(Tensor grad_out0, Tensor grad_out1, Tensor x, Tensor y, Tensor? weight, '
+            'int[] sizes, bool flag, float alpha, float beta) -> (Tensor, Tensor)");') in _joined_literals(torch_cpp)
+    assert f'm.def("{MULTI_SCHEMA}");' in _joined_literals(torch_cpp)
+    assert f'schema="{MULTI_SCHEMA}",' in _joined_literals(spec)
+    assert "std::optional<const Ort::Custom::Tensor<T>*> weight" in ort_cc
+    assert 'ort_glue::node_ints(info, kOp, "sizes")' in ort_cc and 'ort_glue::node_bool(info, kOp, "flag")' in ort_cc
+    assert "std::vector<int64_t> sizes;" in core and "bool flag = false;" in core
+    assert "std::string two_outputs_backward(" in core and "PLACEHOLDER: the exact derivative" in core
+    assert "double backward (a gradient of its gradient) is not implemented" in spec
+    assert "gradgrad=False" in files[f"tests/test_{MULTI}.py"]
+
+
+def test_what_cannot_be_generated_is_refused_clearly(tmp_path):
+    def refused(schema, match, **kwargs):
+        with pytest.raises(ValueError, match=match):
+            new_op(kwargs.pop("name", "op"), "opf_refused", tmp_path / "never", schema=schema, log=lambda s: None,
+                   **kwargs)
+
+    refused("op(Tensor x, float[] scales) -> Tensor", r"float\[\].*AttrArg kinds: int, ints, float, bool")
+    refused("op(Tensor x, str mode) -> Tensor", r"'mode' has type str; supported: Tensor, Tensor\?, int, float, bool")
+    refused("op(Tensor x, *, int k) -> Tensor", "keyword-only")
+    refused("op(Tensor(a!) x) -> Tensor(a!)", "alias annotation")
+    refused("op(Tensor x) -> int", "outputs must be plain Tensors")
+    refused("other(Tensor x) -> Tensor", "must declare the op 'op'")
+    refused("op(Tensor x -> Tensor", "not a torch schema")
+    refused("op(Tensor index) -> Tensor", "needs a required float Tensor input", dtypes={"index": "int64"})
+    refused("op(Tensor x, Tensor index) -> Tensor", "'idx' is not a tensor input", dtypes={"idx": "int64"})
+    refused("op(Tensor x, Tensor index) -> Tensor", "element type must be one of int64", dtypes={"index": "float32"})
+    refused("op(Tensor x, Tensor ctx) -> Tensor", "'ctx' would clash")
+    refused("op(Tensor x) -> Tensor", "does not combine with --prototype", prototype=True)
+    with pytest.raises(ValueError, match="give --schema too"):
+        new_op("op", "opf_refused", tmp_path / "never", dtypes=["index=int64"], log=lambda s: None)
+    assert not (tmp_path / "never").exists()
+    # The CLI says the same, as a CLI does (exit status 1, one line on stderr).
+    run = _run([sys.executable, "-m", "opforge", "new-op", "op", "--package", "opf_refused", "--schema",
+                "op(Tensor x, float[] scales) -> Tensor", "--dir", str(tmp_path / "cli")], cwd=tmp_path)
+    assert run.returncode == 1 and "opforge new-op: error: opforge new-op: --schema" in run.stderr, run.stderr
+    assert not (tmp_path / "cli").exists()
+
+
+def test_schema_text_is_normalised_to_torchs_printing():
+    sig = parse_schema("op", "opf_x::op(Tensor x, float alpha=1.0, int[2] k=[1, 2])->Tensor", package="opf_x")
+    assert sig.schema == "op(Tensor x, float alpha=1., int[2] k=[1, 2]) -> Tensor"  # what register_op compares
+    assert [(a.name, a.kind, a.default) for a in sig.args] == [("x", "tensor", None), ("alpha", "float", "1.0"),
+                                                               ("k", "ints", "[1, 2]")]
+
+
+def test_check_op_advises_gradgrad_false_when_the_backward_says_it_has_no_double_backward():
+    """A backward through a helper op whose autograd kernel refuses double backward (what `--backward
+    cpp` writes): gradgradcheck fails at once, and check_op says what to do about it."""
+    lib = torch.library.Library("opf_schema_gg", "DEF")  # noqa: TOR901 (kept alive until the test ends)
+    lib.define("square(Tensor x) -> Tensor")
+    lib.define("_square_backward(Tensor grad, Tensor x) -> Tensor")
+    lib.impl("square", lambda x: x * x, "CPU")
+    lib.impl("_square_backward", lambda grad, x: 2 * grad * x, "CPU")
+    torch.library.register_fake("opf_schema_gg::_square_backward")(lambda grad, x: torch.empty_like(x))
+
+    def no_double_backward(ctx, *grads):
+        raise RuntimeError("opf_schema_gg::square: double backward is not supported")  # no "not implemented" in it
+
+    torch.library.register_autograd("opf_schema_gg::_square_backward", no_double_backward,
+                                    setup_context=lambda ctx, inputs, output: None)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, grad):
+        return torch.ops.opf_schema_gg._square_backward(grad, ctx.saved_tensors[0])
+
+    spec = opforge.OpSpec(name="square", namespace="opf_schema_gg", domain="com.example.gg",
+                          schema="square(Tensor x) -> Tensor", args=(opforge.TensorArg("x"),), outputs=("y",), doc="",
+                          fake=lambda x: torch.empty_like(x), setup_context=setup_context, backward=backward,
+                          helper_ops=("_square_backward",))
+    opforge.register_op(spec)
+    try:
+        with pytest.raises(AssertionError, match=r"gradgradcheck: opf_schema_gg::square has no double backward, as "
+                                                 r"its backward says \(RuntimeError: .*\)\. Pass gradgrad=False"):
+            check_op(spec, [Sample(torch.randn(4))], checks=["gradcheck"])
+        check_op(spec, [Sample(torch.randn(4))], checks=["gradcheck"], gradgrad=False)  # first order is right
+    finally:
+        del opforge.spec.REGISTRY[spec.onnx_qualname]
+
+
+def test_a_port_like_ms_deform_attn_gets_index_types_and_gradients_from_the_schema(tmp_path):
+    """Multi-scale deformable attention as a user package: int64 index inputs, an int attribute and
+    the gradients of the three float inputs, all from the schema and --dtypes."""
+    schema = ("ms_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
+              "Tensor attention_weights, int im2col_step) -> Tensor")
+    pkg_dir = new_op("ms_attn", "opf_ms_attn", tmp_path / "opf_ms_attn", schema=schema, backward="cpp",
+                     dtypes=["spatial_shapes=int64,level_start_index=int64"], log=lambda s: None)
+    files = _files(pkg_dir)
+    core, spec = files["src/opf_ms_attn/csrc/ms_attn.h"], files["src/opf_ms_attn/ms_attn.py"]
+    assert "Input<int64_t> spatial_shapes;" in core and "Input<int64_t> level_start_index;" in core
+    assert "int64_t im2col_step = 0;" in core
+    for k, grad_input in enumerate(("value", "sampling_locations", "attention_weights")):  # the backward's outputs
+        assert f"F* grad_{grad_input} = alloc({k}, args.{grad_input}.shape);" in core
+    assert "return grad_value, None, None, grad_sampling_locations, grad_attention_weights, None" in spec
+    ort_cc = files["src/opf_ms_attn/csrc/ms_attn_ort.cc"]
+    assert "const Ort::Custom::Tensor<int64_t>& spatial_shapes" in ort_cc
+
+
+# ---- built and run -----------------------------------------------------------------------------------
+
+
+def test_mixed_types_op_passes_its_generated_tests(mixed):
+    python, pkg_dir = mixed
+    run = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg_dir)], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert "10 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_mixed_types_op_exports_with_both_exporters_and_runs_in_ort_as_in_torch(mixed):
+    python, pkg_dir = mixed
+    script = textwrap.dedent(f"""
+        import numpy as np, onnx, torch, opforge, {MIXED_PKG}
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(5, 5)
+                self.op = {MIXED_PKG}.MixedTypes(alpha=0.75)
+
+            def forward(self, x, index):
+                return self.op(self.linear(x), index) * 2
+
+        class OpAlone(torch.nn.Module):
+            def forward(self, x, index):
+                return {MIXED_PKG}.{MIXED}(x, index, -0.3)
+
+        torch.manual_seed(0)
+        index = torch.randint(0, 4, (6,))
+        for model in (Model().eval(), OpAlone()):
+            for dynamo in (True, False):
+                kw = (dict(dynamic_shapes=({{0: torch.export.Dim("batch")}}, None)) if dynamo
+                      else dict(dynamic_axes={{"x": {{0: "batch"}}}}, opset_version=17))
+                proto = opforge.export(model, (torch.randn(2, 5), index), dynamo=dynamo, input_names=["x", "index"],
+                                       check=True, **kw)  # onnx.checker full_check, typed nodes
+                nodes = [n for n in proto.graph.node if n.domain == "{MIXED_DOMAIN}"]
+                assert [n.op_type for n in nodes] == ["{MIXED}"] and len(nodes[0].input) == 2, nodes
+                types = {{i.name: i.type.tensor_type.elem_type for i in proto.graph.input}}
+                assert types == {{"x": onnx.TensorProto.FLOAT, "index": onnx.TensorProto.INT64}}, types
+                x = torch.randn(7, 5)
+                (got,) = opforge.ort_session(proto).run(None, {{"x": x.numpy(), "index": index.numpy()}})
+                with torch.no_grad():
+                    want = model(x, index).numpy()
+                if isinstance(model, OpAlone):  # one core for both runtimes: the same bits
+                    np.testing.assert_array_equal(got, want)
+                else:
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        print("ok", {MIXED_PKG}.BUILT_WITH_CUDA)
+    """)
+    run = _run([python, "-c", script], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.strip().splitlines()[-1] == "ok False"  # CPU kernels only, also in a CUDA-enabled build
+
+
+def test_mixed_types_op_benchmark_reports_timings(mixed):
+    python, pkg_dir = mixed
+    run = _run([python, str(pkg_dir / "benchmarks" / f"bench_{MIXED}.py"), "--shape", "16", "64", "--repeats", "2",
+                "--json"], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in ("torch_forward_ms", "torch_forward_backward_ms", "ort_ms", "ort_vs_torch_time"):
+        assert result[key] > 0, (key, result)
+    assert result["ort_vs_torch_max_abs_diff"] == 0.0
+
+
+def test_multi_output_op_with_cpp_backward_passes_its_generated_tests(multi):
+    python, pkg_dir = multi
+    run = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg_dir)], cwd=pkg_dir.parent)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert "10 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_multi_output_op_gradients_come_from_the_cpp_op_and_double_backward_is_a_clear_error(multi):
+    python, pkg_dir = multi
+    script = textwrap.dedent(f"""
+        import torch, {MULTI_PKG}
+
+        x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        out0, out1 = {MULTI_PKG}.{MULTI}(x, y, None, [2], True, 0.5)  # beta: the schema's default 0.5
+        grad_x, grad_y = torch.autograd.grad((out0 + 3 * out1).sum(), (x, y), create_graph=True)
+        assert torch.equal(grad_x, torch.full_like(x, 4 * 2.0)), grad_x  # (1 + 3) * (1 + alpha + beta)
+        assert torch.equal(grad_y, torch.zeros_like(y))
+        try:
+            grad_x.sum().backward()
+        except RuntimeError as exc:
+            assert "{MULTI_PKG}::{MULTI}: double backward (a gradient of its gradient) is not implemented" in str(exc)
+            assert "_{MULTI}_backward" in str(exc)
+            print("ok")
+    """)
+    run = _run([python, "-c", script], cwd=pkg_dir.parent)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
+
+
+def test_multi_output_op_runs_in_ort_without_its_optional_input_and_refuses_a_missing_required_one(multi):
+    """The TorchScript exporter writes an omitted trailing optional input as "": ONNX Runtime runs that
+    node (the kernel counts inputs up to the last one given); an omitted required input fails the
+    session naming the op and the input, instead of crashing."""
+    python, pkg_dir = multi
+    script = textwrap.dedent(f"""
+        import numpy as np, onnxruntime, torch, opforge, {MULTI_PKG}
+        from onnx import TensorProto, helper
+
+        module = {MULTI_PKG}.{MULTI.title().replace("_", "")}(sizes=[1, 2], flag=False, alpha=0.25).eval()
+        x, y = torch.randn(2, 3), torch.randn(2, 3)
+        proto = opforge.export(module, (x, y), dynamo=False, input_names=["x", "y"], opset_version=17, check=True)
+        (node,) = [n for n in proto.graph.node if n.domain == "{MULTI_DOMAIN}"]
+        assert list(node.input) == ["x", "y", ""], node.input
+        got = opforge.ort_session(proto).run(None, {{"x": x.numpy(), "y": y.numpy()}})
+        with torch.no_grad():
+            want = module(x, y)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w.numpy())
+
+        bad = helper.make_node("{MULTI}", ["x", "", "w"], ["o0", "o1"], domain="{MULTI_DOMAIN}", sizes=[1], flag=0,
+                               alpha=0.5, beta=0.5)
+        value = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+        model = helper.make_model(helper.make_graph([bad], "g", [value("x"), value("w")], [value("o0"), value("o1")]),
+                                  opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("{MULTI_DOMAIN}", 1)],
+                                  ir_version=9)
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 4
+        try:
+            opforge.ort_session(model, options)
+            raise SystemExit("a node without its required input y was accepted")
+        except Exception as exc:
+            assert "{MULTI_DOMAIN}::{MULTI}: input 1 (y) is missing or omitted" in str(exc), str(exc)
+        print("ok")
+    """)
+    run = _run([python, "-c", script], cwd=pkg_dir.parent)
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "ok", run.stderr[-4000:]
