@@ -15,7 +15,8 @@
 // position are contiguous. Each sampling point's corners and weights are
 // computed ONCE and applied to the whole D-vector (a unit-stride loop the
 // compiler vectorises, at the widest vectors the CPU has: cpu_dispatch.h);
-// value is read in place (no per-level copies, no transposes).
+// value is read in place (no per-level copies, no transposes), and each
+// head's rows are prefetched while the previous head is computed.
 //
 // The CPU kernels take float or double; the front ends widen 16-bit tensors
 // to float32 first (one pass, then every sample is a plain float load) and
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cpu_dispatch.h"
 #include "format.h"
@@ -121,8 +123,9 @@ inline std::string ms_deform_attn_check(const int64_t* value, int value_rank, co
              "P) = " + dims_str(sampling_locations, 5) + ", got " + dims_str(attention_weights, 5);
     }
   // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
-  int64_t value_numel = 1, loc_numel = 1, out_numel = 1, bytes;
-  bool fits = true;
+  // M*D on its own too: it is the output's last dim even when N or Lq is 0.
+  int64_t value_numel = 1, loc_numel = 1, out_numel = 1, out_row, bytes;
+  bool fits = !__builtin_mul_overflow(p.heads, p.channels, &out_row);
   for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(value_numel, value[i], &value_numel);
   for (int i = 0; i < 6; ++i) fits = fits && !__builtin_mul_overflow(loc_numel, sampling_locations[i], &loc_numel);
   const int64_t out_dims[4] = {p.batch, p.queries, p.heads, p.channels};
@@ -170,8 +173,8 @@ inline std::string ms_deform_attn_check_levels(const MsDeformAttnParams& p, cons
   int64_t start = 0;
   for (int64_t l = 0; l < p.levels; ++l) {
     if (level_start_index[l] != start)
-      return op + "level_start_index[" + str(l) + "] is " + str(level_start_index[l]) + " but spatial_shapes puts level " +
-             str(l) + " at " + str(start);
+      return op + "level_start_index[" + str(l) + "] is " + str(level_start_index[l]) +
+             " but spatial_shapes puts level " + str(l) + " at " + str(start);
     start += spatial_shapes[2 * l] * spatial_shapes[2 * l + 1];
   }
   return "";
@@ -197,29 +200,77 @@ OPFORGE_ALWAYS_INLINE void ms_deform_attn_axpy(const T* __restrict a, T w, T* __
   for (int64_t d = 0; d < n; ++d) acc[d] += w * a[d];
 }
 
-// Sampling points are handled in batches of kMsDeformAttnBatch: first every
-// point's corners are computed and their value rows prefetched, then the rows
-// are blended. A point's rows are scattered over value (and, for large maps,
-// beyond L2), so issuing the whole batch's loads before using any overlaps
-// their latencies instead of paying them one point at a time.
-constexpr int64_t kMsDeformAttnBatch = 64;
-
-// Brings the D-vector at row towards L1 (every cache line of it).
+// Asks for the n elements at data to be brought towards L1 (every cache line).
 template <typename T>
-OPFORGE_ALWAYS_INLINE void ms_deform_attn_prefetch(const T* row, int64_t n) {
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_prefetch(const T* data, int64_t n) {
   constexpr int64_t kLine = 64 / sizeof(T);
-  for (int64_t d = 0; d < n; d += kLine) __builtin_prefetch(row + d);
-  if (n > 0) __builtin_prefetch(row + n - 1);
+  for (int64_t i = 0; i < n; i += kLine) __builtin_prefetch(data + i);
+  if (n > 0) __builtin_prefetch(data + n - 1);
 }
 
-// One sampling point of the current batch: its corners and the value rows
-// they sample (the head's channels of position 0 of its level).
+// Sampling points are gathered one batch ahead of their arithmetic: a
+// point's corner rows are scattered over a map that need not fit in L2, so
+// the next batch's rows are prefetched while this batch's are used,
+// overlapping the memory latency with work instead of paying it point by
+// point. A batch is up to kMsDeformAttnBatch points of one head (n, q, m),
+// typically all of its L*P; the bound keeps the scratch on the stack and
+// the prefetched lines in L1 however many points a head has.
+constexpr int64_t kMsDeformAttnBatch = 64;
+
 template <typename T>
 struct MsDeformAttnPoint {
   MsDeformAttnCorners<T> c;
-  const T* level;
+  int64_t level;  // element offset of position 0 of the point's level, at this head's channels
   T aw;
+  T w, h;         // the level's size: d(pixel x)/d(loc x) and d(pixel y)/d(loc y)
 };
+
+// A head's points in batches: batch b of a run of heads first, first +
+// stride, ... is points [i0, i0 + count) (i = l * P + p) of head `head`.
+struct MsDeformAttnBatch {
+  int64_t head, i0, count;
+};
+
+inline MsDeformAttnBatch ms_deform_attn_batch(const MsDeformAttnParams& p, int64_t first, int64_t stride,
+                                              int64_t batches_per_head, int64_t b) {
+  MsDeformAttnBatch out;
+  out.head = first + (b / batches_per_head) * stride;
+  out.i0 = (b % batches_per_head) * kMsDeformAttnBatch;
+  out.count = std::min(kMsDeformAttnBatch, p.points_per_head() - out.i0);
+  return out;
+}
+
+// Fills pts with the batch's points and prefetches the value rows they read
+// (and the grad_value rows they update, when given).
+template <typename T>
+OPFORGE_ALWAYS_INLINE void ms_deform_attn_gather(const MsDeformAttnParams& p, const MsDeformAttnBatch& batch,
+                                                 const int64_t* spatial_shapes, const int64_t* level_start_index,
+                                                 const T* sampling_locations, const T* attention_weights,
+                                                 const T* value, const T* grad_value, MsDeformAttnPoint<T>* pts) {
+  const int64_t D = p.channels, row = p.value_row(), P = p.points;
+  const int64_t n = batch.head / (p.heads * p.queries), m = batch.head % p.heads;
+  const int64_t image = n * p.value_len * row + m * D;
+  int64_t l = batch.i0 / P, in_level = batch.i0 % P;
+  for (int64_t i = 0; i < batch.count; ++i, ++in_level) {
+    if (in_level == P) {
+      ++l;
+      in_level = 0;
+    }
+    const int64_t h = spatial_shapes[2 * l], w = spatial_shapes[2 * l + 1];
+    const int64_t pt = batch.head * p.points_per_head() + batch.i0 + i;
+    MsDeformAttnPoint<T>& b = pts[i];
+    b.c = ms_deform_attn_corners<T>(sampling_locations[2 * pt], sampling_locations[2 * pt + 1], h, w);
+    b.level = image + level_start_index[l] * row;
+    b.aw = attention_weights[pt];
+    b.w = static_cast<T>(w);
+    b.h = static_cast<T>(h);
+    for (int k = 0; k < 4; ++k)
+      if (b.c.valid & (1u << k)) {
+        ms_deform_attn_prefetch(value + b.level + b.c.pos[k] * row, D);
+        if (grad_value) ms_deform_attn_prefetch(grad_value + b.level + b.c.pos[k] * row, D);
+      }
+  }
+}
 
 template <typename T>
 OPFORGE_ALWAYS_INLINE void ms_deform_attn_forward_impl(const MsDeformAttnParams& p, const T* value,
@@ -227,43 +278,40 @@ OPFORGE_ALWAYS_INLINE void ms_deform_attn_forward_impl(const MsDeformAttnParams&
                                                        const int64_t* level_start_index, const T* sampling_locations,
                                                        const T* attention_weights, T* out, int64_t begin,
                                                        int64_t end) {
-  const int64_t M = p.heads, D = p.channels, P = p.points, LP = p.points_per_head(), row = p.value_row();
-  const int64_t query_points = M * LP;  // points of one query, in (m, l, p) order
-  MsDeformAttnPoint<T> batch[kMsDeformAttnBatch];
-  for (int64_t item = begin; item < end; ++item) {  // item = (n, q)
-    const T* image = value + (item / p.queries) * p.value_len * row;
-    T* out_q = out + item * M * D;
-    std::fill(out_q, out_q + M * D, T(0));
-    for (int64_t first = 0; first < query_points; first += kMsDeformAttnBatch) {
-      const int64_t count = std::min(kMsDeformAttnBatch, query_points - first);
-      for (int64_t i = 0; i < count; ++i) {
-        const int64_t idx = first + i, m = idx / LP, l = (idx / P) % p.levels, pt = item * query_points + idx;
-        MsDeformAttnPoint<T>& b = batch[i];
-        b.c = ms_deform_attn_corners<T>(sampling_locations[2 * pt], sampling_locations[2 * pt + 1],
-                                        spatial_shapes[2 * l], spatial_shapes[2 * l + 1]);
-        b.level = image + level_start_index[l] * row + m * D;
-        b.aw = attention_weights[pt];
+  const int64_t D = p.channels, row = p.value_row();
+  // The items' heads, first to last, are contiguous: (item, m) = item * M + m.
+  const int64_t first = begin * p.heads, heads = (end - begin) * p.heads;
+  std::fill(out + first * D, out + (first + heads) * D, T(0));
+  const int64_t per_head = (p.points_per_head() + kMsDeformAttnBatch - 1) / kMsDeformAttnBatch;
+  const int64_t batches = heads * per_head;
+  MsDeformAttnPoint<T> buffers[2][kMsDeformAttnBatch];
+  MsDeformAttnPoint<T>*cur = buffers[0], *next = buffers[1];
+  if (batches > 0)
+    ms_deform_attn_gather<T>(p, ms_deform_attn_batch(p, first, 1, per_head, 0), spatial_shapes, level_start_index,
+                             sampling_locations, attention_weights, value, nullptr, cur);
+  for (int64_t b = 0; b < batches; ++b) {
+    if (b + 1 < batches)
+      ms_deform_attn_gather<T>(p, ms_deform_attn_batch(p, first, 1, per_head, b + 1), spatial_shapes,
+                               level_start_index, sampling_locations, attention_weights, value, nullptr, next);
+    const MsDeformAttnBatch batch = ms_deform_attn_batch(p, first, 1, per_head, b);
+    T* acc = out + batch.head * D;
+    for (int64_t i = 0; i < batch.count; ++i) {
+      const MsDeformAttnCorners<T>& c = cur[i].c;
+      const T* level = value + cur[i].level;
+      const T aw = cur[i].aw;
+      if (c.valid == 15) {
+        ms_deform_attn_blend4(level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
+                              level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3], acc, D);
+      } else if (c.valid != 0) {
         for (int k = 0; k < 4; ++k)
-          if (b.c.valid & (1u << k)) ms_deform_attn_prefetch(b.level + b.c.pos[k] * row, D);
-      }
-      for (int64_t i = 0; i < count; ++i) {
-        const MsDeformAttnPoint<T>& b = batch[i];
-        const MsDeformAttnCorners<T>& c = b.c;
-        const T aw = b.aw;
-        T* acc = out_q + ((first + i) / LP) * D;
-        if (c.valid == 15) {
-          ms_deform_attn_blend4(b.level + c.pos[0] * row, b.level + c.pos[1] * row, b.level + c.pos[2] * row,
-                                b.level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3], acc, D);
-        } else if (c.valid != 0) {
-          for (int k = 0; k < 4; ++k)
-            if (c.valid & (1u << k)) ms_deform_attn_axpy(b.level + c.pos[k] * row, aw * c.w[k], acc, D);
-        } else if (!std::isfinite(aw)) {
-          // The point samples 0, and weight * 0 is NaN for a non-finite
-          // weight, as in the reference composition (grid_sample, then weigh).
-          for (int64_t d = 0; d < D; ++d) acc[d] += aw * T(0);
-        }
+          if (c.valid & (1u << k)) ms_deform_attn_axpy(level + c.pos[k] * row, aw * c.w[k], acc, D);
+      } else if (!std::isfinite(aw)) {
+        // The point samples 0, and weight * 0 is NaN for a non-finite
+        // weight, as in the reference composition (grid_sample, then weigh).
+        for (int64_t d = 0; d < D; ++d) acc[d] += aw * T(0);
       }
     }
+    std::swap(cur, next);
   }
 }
 
@@ -338,48 +386,63 @@ OPFORGE_ALWAYS_INLINE void ms_deform_attn_backward_impl(const MsDeformAttnParams
                                                         const T* sampling_locations, const T* attention_weights,
                                                         T* grad_value, T* grad_sampling_locations,
                                                         T* grad_attention_weights, int64_t begin, int64_t end) {
-  const int64_t M = p.heads, D = p.channels, L = p.levels, P = p.points, row = p.value_row();
+  const int64_t M = p.heads, D = p.channels, LP = p.points_per_head(), row = p.value_row();
+  const int64_t per_head = (LP + kMsDeformAttnBatch - 1) / kMsDeformAttnBatch, batches = p.queries * per_head;
+  MsDeformAttnPoint<T> buffers[2][kMsDeformAttnBatch];
+  MsDeformAttnPoint<T>*cur = buffers[0], *next = buffers[1];
   for (int64_t item = begin; item < end; ++item) {
-    const int64_t n = item / M, m = item % M;
-    const T* image = value + n * p.value_len * row + m * D;
-    T* grad_image = grad_value + n * p.value_len * row + m * D;
-    for (int64_t q = 0; q < p.queries; ++q) {
-      const int64_t head = (n * p.queries + q) * M + m;  // (n, q, m)
-      const T* g = grad_output + head * D;
-      for (int64_t l = 0; l < L; ++l) {
-        const int64_t h = spatial_shapes[2 * l], w = spatial_shapes[2 * l + 1];
-        const T* level = image + level_start_index[l] * row;
-        T* grad_level = grad_image + level_start_index[l] * row;
-        for (int64_t pt = (head * L + l) * P, pt_end = pt + P; pt < pt_end; ++pt) {
-          const T aw = attention_weights[pt];
-          const MsDeformAttnCorners<T> c =
-              ms_deform_attn_corners<T>(sampling_locations[2 * pt], sampling_locations[2 * pt + 1], h, w);
-          T dot[4] = {T(0), T(0), T(0), T(0)};  // grad_output . value at each corner
-          if (c.valid == 15) {
-            ms_deform_attn_backward4(g, level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
-                                     level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3],
-                                     grad_level + c.pos[0] * row, grad_level + c.pos[1] * row,
-                                     grad_level + c.pos[2] * row, grad_level + c.pos[3] * row, D, dot);
-          } else {
-            for (int k = 0; k < 4; ++k)
-              if (c.valid & (1u << k))
-                dot[k] = ms_deform_attn_backward1(g, level + c.pos[k] * row, aw * c.w[k], grad_level + c.pos[k] * row, D);
-          }
-          // out = aw * sum_k w_k(x, y) v_k with x = loc_x * W - 0.5, y = loc_y * H - 0.5.
-          // A point that samples nothing has dot = 0 and gets zero gradients (no aw * 0 here).
-          T dx[4], dy[4];
-          ms_deform_attn_weight_derivatives(c, dx, dy);
-          T sample = T(0), along_x = T(0), along_y = T(0);
-          for (int k = 0; k < 4; ++k) {
-            sample += c.w[k] * dot[k];
-            along_x += dx[k] * dot[k];
-            along_y += dy[k] * dot[k];
-          }
-          grad_attention_weights[pt] = sample;
-          grad_sampling_locations[2 * pt] = c.valid ? aw * along_x * static_cast<T>(w) : T(0);
-          grad_sampling_locations[2 * pt + 1] = c.valid ? aw * along_y * static_cast<T>(h) : T(0);
-        }
+    // item = (n, m): its heads (n, q, m) for q = 0, 1, ... are M apart
+    const int64_t first = (item / M) * p.queries * M + item % M;
+    if (batches > 0)
+      ms_deform_attn_gather<T>(p, ms_deform_attn_batch(p, first, M, per_head, 0), spatial_shapes, level_start_index,
+                               sampling_locations, attention_weights, value, grad_value, cur);
+    for (int64_t b = 0; b < batches; ++b) {
+      if (b + 2 < batches) {
+        // Inputs two batches ahead: M heads apart, a stride the hardware
+        // prefetchers follow poorly; the gather below then finds them in cache.
+        const MsDeformAttnBatch later = ms_deform_attn_batch(p, first, M, per_head, b + 2);
+        const int64_t pt = later.head * LP + later.i0;
+        ms_deform_attn_prefetch(sampling_locations + 2 * pt, 2 * later.count);
+        ms_deform_attn_prefetch(attention_weights + pt, later.count);
+        ms_deform_attn_prefetch(grad_output + later.head * D, D);
       }
+      if (b + 1 < batches)
+        ms_deform_attn_gather<T>(p, ms_deform_attn_batch(p, first, M, per_head, b + 1), spatial_shapes,
+                                 level_start_index, sampling_locations, attention_weights, value, grad_value, next);
+      const MsDeformAttnBatch batch = ms_deform_attn_batch(p, first, M, per_head, b);
+      const T* g = grad_output + batch.head * D;
+      for (int64_t i = 0; i < batch.count; ++i) {
+        const MsDeformAttnCorners<T>& c = cur[i].c;
+        const T* level = value + cur[i].level;
+        T* grad_level = grad_value + cur[i].level;
+        const T aw = cur[i].aw;
+        T dot[4] = {T(0), T(0), T(0), T(0)};  // grad_output . value at each corner
+        if (c.valid == 15) {
+          ms_deform_attn_backward4(g, level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
+                                   level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3],
+                                   grad_level + c.pos[0] * row, grad_level + c.pos[1] * row,
+                                   grad_level + c.pos[2] * row, grad_level + c.pos[3] * row, D, dot);
+        } else {
+          for (int k = 0; k < 4; ++k)
+            if (c.valid & (1u << k))
+              dot[k] = ms_deform_attn_backward1(g, level + c.pos[k] * row, aw * c.w[k], grad_level + c.pos[k] * row, D);
+        }
+        // out = aw * sum_k w_k(x, y) v_k with x = loc_x * W - 0.5, y = loc_y * H - 0.5.
+        // A point that samples nothing has dot = 0 and gets zero gradients (no aw * 0 here).
+        T dx[4], dy[4];
+        ms_deform_attn_weight_derivatives(c, dx, dy);
+        T sample = T(0), along_x = T(0), along_y = T(0);
+        for (int k = 0; k < 4; ++k) {
+          sample += c.w[k] * dot[k];
+          along_x += dx[k] * dot[k];
+          along_y += dy[k] * dot[k];
+        }
+        const int64_t pt = batch.head * LP + batch.i0 + i;
+        grad_attention_weights[pt] = sample;
+        grad_sampling_locations[2 * pt] = c.valid ? aw * along_x * cur[i].w : T(0);
+        grad_sampling_locations[2 * pt + 1] = c.valid ? aw * along_y * cur[i].h : T(0);
+      }
+      std::swap(cur, next);
     }
   }
 }
@@ -484,7 +547,8 @@ inline void ms_deform_attn_backward(const MsDeformAttnParams& p, const T* grad_o
 // problems stay on one thread and large ones split evenly.
 inline int64_t ms_deform_attn_forward_grain(const MsDeformAttnParams& p) {
   // in double: the product of sizes of two different tensors may exceed int64
-  const double per_item = 4.0 * double(p.heads) * double(p.points_per_head()) * double(std::max<int64_t>(p.channels, 1));
+  const double per_item =
+      4.0 * double(p.heads) * double(p.points_per_head()) * double(std::max<int64_t>(p.channels, 1));
   return per_item >= 32768.0 ? 1 : std::max<int64_t>(1, static_cast<int64_t>(32768.0 / std::max(per_item, 1.0)));
 }
 

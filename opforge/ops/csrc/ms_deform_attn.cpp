@@ -78,8 +78,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const MsDeformAttnPa
 at::Tensor ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial_shapes,
                               const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
                               const at::Tensor& attention_weights, int64_t im2col_step) {
-  const MsDeformAttnParams p =
-      ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step);
+  const MsDeformAttnParams p = ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                                         attention_weights, im2col_step);
   const at::Tensor shapes = spatial_shapes.contiguous(), starts = level_start_index.contiguous();
   ms_deform_attn_check_levels(p, shapes, starts);
   return forward_cpu(p, in_compute_dtype(value), shapes, starts, in_compute_dtype(sampling_locations),

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
 
 #include "core/ms_deform_attn.h"
 #include "opforge/torch_op.h"
@@ -31,8 +32,9 @@ inline core::MsDeformAttnParams ms_deform_attn_check_args(const at::Tensor& valu
   if (grad_output != nullptr) {
     int64_t want[3];
     core::ms_deform_attn_output_dims(p, want);
-    TORCH_CHECK(grad_output->sizes() == at::IntArrayRef(want, 3), "opforge::ms_deform_attn backward: grad_output has shape ",
-                shape_str(grad_output->sizes()), ", expected the output's ", core::dims_str(want, 3));
+    TORCH_CHECK(grad_output->sizes() == at::IntArrayRef(want, 3),
+                "opforge::ms_deform_attn backward: grad_output has shape ", shape_str(grad_output->sizes()),
+                ", expected the output's ", core::dims_str(want, 3));
   }
   const at::ScalarType t = value.scalar_type();
   TORCH_CHECK(is_supported_float(t), "opforge::ms_deform_attn: value has dtype ", t,

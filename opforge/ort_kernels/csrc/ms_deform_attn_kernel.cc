@@ -19,7 +19,8 @@ namespace ort {
 
 int64_t check_ms_deform_attn_node(const OrtKernelInfo* info) {
   constexpr const char* op = "opforge::ms_deform_attn";
-  check_node_arity(info, op, {"value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"});
+  check_node_arity(info, op,
+                   {"value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"});
   const int64_t im2col_step = node_attribute<int64_t>(info, op, "im2col_step");
   if (std::string err = core::ms_deform_attn_check_im2col_step(im2col_step); !err.empty()) node_error(err);
   return im2col_step;
@@ -27,12 +28,15 @@ int64_t check_ms_deform_attn_node(const OrtKernelInfo* info) {
 
 namespace {
 
+// Elements per task of the 16-bit <-> float32 conversions.
+constexpr int64_t kConvertGrain = int64_t(1) << 16;
+
 // 16-bit storage -> float32 copy (core/half.h conversions, exact), in parallel.
 template <typename T>
 std::vector<float> widen(OrtKernelContext* ctx, const T* data, size_t count) {
   std::vector<float> v(count);
   const auto* src = core_ptr(data);
-  parallel_for(ctx, static_cast<int64_t>(count), 1 << 16, [&](int64_t begin, int64_t end) {
+  parallel_for(ctx, static_cast<int64_t>(count), kConvertGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) v[i] = core::load(src[i]);
   });
   return v;
@@ -82,7 +86,9 @@ struct MsDeformAttnKernel {
       });
       auto* dst = core_ptr(out);
       using Core = std::remove_pointer_t<decltype(dst)>;
-      for (size_t i = 0; i < y.size(); ++i) dst[i] = core::store<Core>(y[i]);
+      parallel_for(ctx, static_cast<int64_t>(y.size()), kConvertGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dst[i] = core::store<Core>(y[i]);
+      });
     }
     return Ort::Status(nullptr);
   }

@@ -31,8 +31,8 @@ std::tuple<at::Tensor, at::Tensor> checked_levels(const core::MsDeformAttnParams
 at::Tensor ms_deform_attn_cuda(const at::Tensor& value, const at::Tensor& spatial_shapes,
                                const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
                                const at::Tensor& attention_weights, int64_t im2col_step) {
-  const core::MsDeformAttnParams p =
-      ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step);
+  const core::MsDeformAttnParams p = ms_deform_attn_check_args(value, spatial_shapes, level_start_index,
+                                                               sampling_locations, attention_weights, im2col_step);
   const c10::cuda::CUDAGuard guard(value.device());
   const auto [shapes, starts] = checked_levels(p, spatial_shapes, level_start_index);
   at::Tensor out = at::empty({p.batch, p.queries, p.heads * p.channels}, value.options());
@@ -50,8 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cuda(
     const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
     const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
     int64_t im2col_step) {
-  const core::MsDeformAttnParams p = ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations,
-                                                               attention_weights, im2col_step, &grad_output);
+  const core::MsDeformAttnParams p = ms_deform_attn_check_args(
+      value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step, &grad_output);
   const c10::cuda::CUDAGuard guard(value.device());
   const auto [shapes, starts] = checked_levels(p, spatial_shapes, level_start_index);
   const at::ScalarType t = value.scalar_type();
