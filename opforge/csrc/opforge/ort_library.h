@@ -133,40 +133,43 @@ inline std::vector<const OrtCustomOp*> kernels_for(bool cpu) {
       return Ort::Status(e).release();                                                                    \
     }                                                                                                     \
   }
-#elif defined(OPFORGE_ORT_CUDA_COMPANION)
-#define OPFORGE_ORT_LIBRARY(library, domain)                                                                 \
-  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(            \
-      OrtSessionOptions* options, const OrtApiBase* api_base) {                                          \
-    OrtStatus* opforge_error = nullptr;                                                                  \
-    if (!::opforge::ort::init_api(api_base, library, &opforge_error)) return opforge_error;             \
-    try {                                                                                                \
-      std::string cuda_status;                                                                           \
-      const auto& kernels = ::opforge::ort::with_cuda_companion(library, api_base, &cuda_status);        \
-      Ort::UnownedSessionOptions session_options(options);                                               \
-      const std::string cuda_key = ::opforge::ort::cuda_kernels_config_key(library);                     \
-      if (OrtStatus* error = ::opforge::ort::add_domain(options, library, domain, kernels)) return error;  \
-      if (!session_options.HasConfigEntry(cuda_key.c_str()))                                             \
-        session_options.AddConfigEntry(cuda_key.c_str(), cuda_status.c_str());                           \
-      return nullptr;                                                                                    \
-    } catch (const std::exception& e) {                                                                  \
-      return Ort::Status(e).release();                                                                   \
-    }                                                                                                    \
-  }
 #else
-#define OPFORGE_ORT_LIBRARY(library, domain)                                                                 \
-  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(            \
-      OrtSessionOptions* options, const OrtApiBase* api_base) {                                          \
-    OrtStatus* opforge_error = nullptr;                                                                  \
-    if (!::opforge::ort::init_api(api_base, library, &opforge_error)) return opforge_error;             \
-    try {                                                                                                \
-      static const std::vector<const OrtCustomOp*> kernels = [] {                                        \
-        auto cpu = ::opforge::ort::kernels_for(true), other = ::opforge::ort::kernels_for(false);        \
-        cpu.insert(cpu.end(), other.begin(), other.end());                                               \
-        return cpu;                                                                                      \
-      }();                                                                                               \
-      return ::opforge::ort::add_domain(options, library, domain, kernels);                              \
-    } catch (const std::exception& e) {                                                                  \
-      return Ort::Status(e).release();                                                                   \
-    }                                                                                                    \
+namespace opforge {
+namespace ort {
+// RegisterCustomOps' body: every kernel of this library in `domain`, and in a CUDA build
+// the companion's CUDA EP kernels (or their stand-ins), recorded in the session config.
+inline OrtStatus* register_library(OrtSessionOptions* options, const OrtApiBase* api_base, const char* library,
+                                   const char* domain) {
+  OrtStatus* error = nullptr;
+  if (!init_api(api_base, library, &error)) return error;
+  try {
+#ifdef OPFORGE_ORT_CUDA_COMPANION
+    std::string cuda_status;
+    const auto& kernels = with_cuda_companion(library, api_base, &cuda_status);
+    if (OrtStatus* failed = add_domain(options, library, domain, kernels)) return failed;
+    Ort::UnownedSessionOptions session_options(options);
+    const std::string cuda_key = cuda_kernels_config_key(library);
+    if (!session_options.HasConfigEntry(cuda_key.c_str()))
+      session_options.AddConfigEntry(cuda_key.c_str(), cuda_status.c_str());
+    return nullptr;
+#else
+    static const std::vector<const OrtCustomOp*> kernels = [] {
+      auto all = kernels_for(true), other = kernels_for(false);
+      all.insert(all.end(), other.begin(), other.end());
+      return all;
+    }();
+    return add_domain(options, library, domain, kernels);
+#endif
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
+}
+}  // namespace ort
+}  // namespace opforge
+
+#define OPFORGE_ORT_LIBRARY(library, domain)                                                      \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                               \
+    return ::opforge::ort::register_library(options, api_base, library, domain);              \
   }
 #endif

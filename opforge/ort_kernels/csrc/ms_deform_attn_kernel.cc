@@ -26,6 +26,19 @@ int64_t check_ms_deform_attn_node(const OrtKernelInfo* info) {
   return im2col_step;
 }
 
+Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::vector<int64_t>& spatial_shapes,
+                                  const std::vector<int64_t>& level_start_index,
+                                  const std::vector<int64_t>& sampling_locations,
+                                  const std::vector<int64_t>& attention_weights, int64_t im2col_step,
+                                  core::MsDeformAttnParams& p) {
+  const auto rank = [](const std::vector<int64_t>& dims) { return static_cast<int>(dims.size()); };
+  const std::string err = core::ms_deform_attn_check(
+      value.data(), rank(value), spatial_shapes.data(), rank(spatial_shapes), level_start_index.data(),
+      rank(level_start_index), sampling_locations.data(), rank(sampling_locations), attention_weights.data(),
+      rank(attention_weights), im2col_step, p);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+}
+
 namespace {
 
 // Elements per task of the 16-bit <-> float32 conversions.
@@ -53,19 +66,16 @@ struct MsDeformAttnKernel {
                       const Ort::Custom::Tensor<int64_t>& level_start_index,
                       const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
                       Ort::Custom::Tensor<T>& output) {
-    const std::vector<int64_t> vs = value.Shape(), ss = spatial_shapes.Shape(), ls = level_start_index.Shape(),
-                               locs = sampling_locations.Shape(), aws = attention_weights.Shape();
     core::MsDeformAttnParams p;
-    std::string err = core::ms_deform_attn_check(vs.data(), static_cast<int>(vs.size()), ss.data(),
-                                                 static_cast<int>(ss.size()), ls.data(), static_cast<int>(ls.size()),
-                                                 locs.data(), static_cast<int>(locs.size()), aws.data(),
-                                                 static_cast<int>(aws.size()), im2col_step, p);
-    if (!err.empty()) return invalid_argument(err);
+    if (Ort::Status bad = ms_deform_attn_shapes(value.Shape(), spatial_shapes.Shape(), level_start_index.Shape(),
+                                                sampling_locations.Shape(), attention_weights.Shape(), im2col_step, p);
+        !bad.IsOK())
+      return bad;
     // Shapes are known good: spatial_shapes holds 2*L and level_start_index L values (L >= 1).
     const int64_t* shapes = spatial_shapes.Data();
     const int64_t* starts = level_start_index.Data();
-    err = core::ms_deform_attn_check_levels(p, shapes, starts);
-    if (!err.empty()) return invalid_argument(err);
+    if (std::string err = core::ms_deform_attn_check_levels(p, shapes, starts); !err.empty())
+      return invalid_argument(err);
     int64_t out_dims[3];
     core::ms_deform_attn_output_dims(p, out_dims);
     T* out = output.Allocate({out_dims[0], out_dims[1], out_dims[2]});

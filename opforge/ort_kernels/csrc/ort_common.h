@@ -10,6 +10,7 @@
 
 #include "core/broadcast.h"
 #include "core/deform_conv2d_tap.h"
+#include "core/ms_deform_attn_sample.h"
 
 namespace opforge {
 namespace ort {
@@ -36,6 +37,12 @@ struct DeformConv2dAttrs {
 // ms_deform_attn's node check at kernel creation (inputs, one output, the
 // im2col_step attribute); returns im2col_step.
 int64_t check_ms_deform_attn_node(const OrtKernelInfo* info);
+// ms_deform_attn's input shapes checked by core::ms_deform_attn_check (CPU and CUDA EP kernels): fills p.
+Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::vector<int64_t>& spatial_shapes,
+                                  const std::vector<int64_t>& level_start_index,
+                                  const std::vector<int64_t>& sampling_locations,
+                                  const std::vector<int64_t>& attention_weights, int64_t im2col_step,
+                                  core::MsDeformAttnParams& p);
 
 }  // namespace ort
 }  // namespace opforge

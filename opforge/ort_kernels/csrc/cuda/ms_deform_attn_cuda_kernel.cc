@@ -27,14 +27,11 @@ struct MsDeformAttnCudaKernel {
                       const Ort::Custom::Tensor<int64_t>& level_start_index,
                       const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
                       Ort::Custom::Tensor<T>& output) {
-    const std::vector<int64_t> vs = value.Shape(), ss = spatial_shapes.Shape(), ls = level_start_index.Shape(),
-                               locs = sampling_locations.Shape(), aws = attention_weights.Shape();
     core::MsDeformAttnParams p;
-    std::string err = core::ms_deform_attn_check(vs.data(), static_cast<int>(vs.size()), ss.data(),
-                                                 static_cast<int>(ss.size()), ls.data(), static_cast<int>(ls.size()),
-                                                 locs.data(), static_cast<int>(locs.size()), aws.data(),
-                                                 static_cast<int>(aws.size()), im2col_step, p);
-    if (!err.empty()) return invalid_argument(err);
+    if (Ort::Status bad = ms_deform_attn_shapes(value.Shape(), spatial_shapes.Shape(), level_start_index.Shape(),
+                                                sampling_locations.Shape(), attention_weights.Shape(), im2col_step, p);
+        !bad.IsOK())
+      return bad;
 
     const InputDeviceGuard device(ctx);
     const cudaStream_t stream = compute_stream(ctx);
@@ -50,8 +47,8 @@ struct MsDeformAttnCudaKernel {
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
     if (Ort::Status s = cuda_status(ce, kOp, "copying spatial_shapes / level_start_index to the host"); !s.IsOK())
       return s;
-    err = core::ms_deform_attn_check_levels(p, shapes_host.data(), starts_host.data());
-    if (!err.empty()) return invalid_argument(err);
+    if (std::string err = core::ms_deform_attn_check_levels(p, shapes_host.data(), starts_host.data()); !err.empty())
+      return invalid_argument(err);
 
     int64_t out_dims[3];
     core::ms_deform_attn_output_dims(p, out_dims);
