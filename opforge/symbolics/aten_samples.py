@@ -113,6 +113,9 @@ def _gaps(opsets, dtype) -> frozenset:
 #: Antialiased Resize is opset 18, and ORT's has no double kernel. Below 18 opforge writes two
 #: MatMuls (aten_lowerings), which ORT runs in double too.
 _RESIZE_AA_GAPS = _gaps((18, 19, 20), torch.float64)
+# index_add's rows, row 0 twice (the case torch's own rule gets wrong); made here, not inside the
+# traced sample, where torch.tensor makes the tracer warn that it freezes a constant
+_INDEX_ADD_ROWS = torch.tensor([0, 2, 0])
 #: ORT's Clip-11 kernel is float only (the hinge and margin losses clamp at 0).
 _CLIP11_DOUBLE = _gaps((11,), torch.float64)
 
@@ -361,7 +364,7 @@ SAMPLES: dict[str, Sample] = {
     # with a repeated index): the bridge takes them
     "adaptive_avg_pool1d": Sample(lambda x: F.adaptive_avg_pool1d(x, 3), lambda dt: (_real(dt, 2, 3, 7),)),
     "threshold": Sample(lambda x: F.threshold(x, 0.3, -1.0), lambda dt: (_edge(dt),)),
-    "index_add": Sample(lambda x, s: x.index_add(1, torch.tensor([0, 2, 0]), s, alpha=2),
+    "index_add": Sample(lambda x, s: x.index_add(1, _INDEX_ADD_ROWS, s, alpha=2),
                         lambda dt: (_real(dt, 3, 4), _real(dt, 3, 3, seed=3))),
     # Complex tensors, inside the model: the bridge carries them as real pairs (dynamo's
     # convention); the model's inputs and outputs are real. float64 makes complex128.
