@@ -110,8 +110,8 @@ def _check_spec(spec: OpSpec, impl: Callable) -> None:
     bad_attrs = [a.name for a in spec.attr_args if a.kind not in _ATTR_DT]
     if bad_attrs:
         raise OpRegistrationError(
-            f"{where}: attribute(s) {bad_attrs} are int lists; onnxruntime-extensions' Python ops take only int and "
-            "float attributes. Give each value its own int attribute, or write the op's kernels in C++ "
+            f"{where}: attribute(s) {bad_attrs} are lists (int[] or float[]); onnxruntime-extensions' Python ops "
+            "take only int and float attributes. Give each value its own int attribute, or write the op's kernels in C++ "
             "(opforge new-op)")
     optional = [a.name for a in spec.tensor_args if a.optional]
     if optional:

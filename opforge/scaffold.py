@@ -10,7 +10,7 @@ instead (``opforge/templates/new_op_prototype``: spec + numpy kernel,
 :func:`opforge.register_prototype`).
 
 With ``--schema "NAME(Tensor x, Tensor index, float alpha) -> Tensor"`` the package is written for
-that signature (any mix of ``Tensor``, ``Tensor?``, ``int``, ``float``, ``bool``, ``int[]``
+that signature (any mix of ``Tensor``, ``Tensor?``, ``int``, ``float``, ``bool``, ``int[]``, ``float[]``
 arguments, one or several Tensor outputs; ``--dtypes index=int64`` for inputs of other element
 types than the op's float types): the argument list appears once, in the schema, and every other
 piece (OpSpec args, checks, fake impl, torch and ORT kernels with the right C++ types, the core's
@@ -150,7 +150,7 @@ class SchemaArg:
     @property
     def declaration(self) -> str:
         """The argument as a schema declares it, without default (``Tensor? w``, ``int[] sizes``)."""
-        types = {"int": "int", "ints": "int[]", "float": "float", "bool": "bool"}
+        types = {"int": "int", "ints": "int[]", "float": "float", "floats": "float[]", "bool": "bool"}
         return f"{'Tensor?' if self.optional else 'Tensor'} {self.name}" if self.is_tensor else \
             f"{types[self.kind]} {self.name}"
 
@@ -161,7 +161,7 @@ class SchemaArg:
             what = f"{self.dtype} tensor" if self.dtype else "float tensor"
             return f"{what}, optional" if self.optional else what
         return {"int": "int attribute", "ints": "int list attribute", "float": "float attribute, float32 in ONNX",
-                "bool": "bool attribute, an int 0/1 in ONNX"}[self.kind]
+                "floats": "float list attribute, float32 values in ONNX", "bool": "bool attribute, an int 0/1 in ONNX"}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backw
                                     f"e.g. \"{name}(Tensor x, float alpha) -> Tensor\"")
     if "SymInt" in text:
         raise _schema_error(schema, "SymInt arguments are not supported; declare them int (int[])")
-    supported = "supported: Tensor, Tensor?, int, float, bool, int[]"
+    supported = "supported: Tensor, Tensor?, int, float, bool, int[], float[]"
     args = []
     for arg in parsed.arguments:
         where = f"argument {arg.name!r}"
@@ -286,9 +286,7 @@ def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backw
         elif isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.IntType):
             args.append(SchemaArg(arg.name, "ints", default=default))
         elif isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.FloatType):
-            raise _schema_error(schema, f"{where} is a float[]: ONNX has float-list attributes, but opforge's "
-                                        "OpSpec does not (AttrArg kinds: int, ints, float, bool); pass the values "
-                                        "as a float Tensor input instead")
+            args.append(SchemaArg(arg.name, "floats", default=default))
         else:
             raise _schema_error(schema, f"{where} has type {t}; {supported}")
     if not parsed.returns:
@@ -331,9 +329,11 @@ def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backw
 
 # ---- the generated code's pieces, each from the signature ----------------------------------------
 
-_CPP_ATTR = {"int": "int64_t", "ints": "std::vector<int64_t>", "float": "float", "bool": "bool"}
-_TORCH_ATTR = {"int": "int64_t", "ints": "at::IntArrayRef", "float": "double", "bool": "bool"}
-_PY_ATTR = {"int": "int", "ints": "list[int]", "float": "float", "bool": "bool"}
+_CPP_ATTR = {"int": "int64_t", "ints": "std::vector<int64_t>", "float": "float", "floats": "std::vector<float>",
+             "bool": "bool"}
+_TORCH_ATTR = {"int": "int64_t", "ints": "at::IntArrayRef", "float": "double", "floats": "at::ArrayRef<double>",
+               "bool": "bool"}
+_PY_ATTR = {"int": "int", "ints": "list[int]", "float": "float", "floats": "list[float]", "bool": "bool"}
 
 
 def _wrap(head: str, items, tail: str = "", indent: int = 0, width: int = 110, sep: str = ",") -> str:
@@ -410,8 +410,9 @@ def _core_blocks(sig: OpSignature, camel: str) -> dict:
                 (" (present == false when not given)" if a.optional else "")
             fields.append(f"  Input<{element}> {a.name};  // {note}")
         else:
-            init = {"int": " = 0", "ints": "", "float": " = 0", "bool": " = false"}[a.kind]
+            init = {"int": " = 0", "ints": "", "float": " = 0", "floats": "", "bool": " = false"}[a.kind]
             note = {"float": ": float32, the value ONNX stores (torch rounds its double to it)",
+                    "floats": ": float32 values, as ONNX stores them (torch rounds its doubles to them)",
                     "bool": ": an int attribute 0/1 in ONNX"}.get(a.kind, "")
             fields.append(f"  {_CPP_ATTR[a.kind]} {a.name}{init};  // {a.declaration}{note}")
     unused = [a.name for a in sig.args if a is not sig.primary and a.kind != "float"]
@@ -529,6 +530,9 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
             if a is sig.float_attrs[0]:
                 body.append("  // ONNX stores float attributes as float32: compute with that value")
             body.append(f"  args.{a.name} = static_cast<float>({a.name});")
+        elif a.kind == "floats":
+            body.append(f"  args.{a.name}.assign({a.name}.begin(), {a.name}.end());  // each rounded to float32, "
+                        "as ONNX stores it")
         else:
             body.append(f"  args.{a.name} = {a.name};")
 
@@ -651,6 +655,9 @@ def _ort_blocks(sig: OpSignature) -> dict:
         elif a.kind == "ints":
             members.append(f"  std::vector<int64_t> {a.name};")
             reads.append(f'    {a.name} = ort_glue::node_ints(info, kOp, "{a.name}");')
+        elif a.kind == "floats":
+            members.append(f"  std::vector<float> {a.name};")
+            reads.append(f'    {a.name} = ort_glue::node_floats(info, kOp, "{a.name}");')
         else:
             members.append(f"  bool {a.name} = false;  // an int attribute 0/1 in ONNX")
             reads.append(f'    {a.name} = ort_glue::node_bool(info, kOp, "{a.name}");')
@@ -696,6 +703,8 @@ def _example_value(sig: OpSignature, a: SchemaArg, index: int) -> str:
         return f"2 if variant == 0 else 3,  # {a.name}"
     if a.kind == "ints":
         return f"[1, 2] if variant == 0 else [3],  # {a.name}"
+    if a.kind == "floats":
+        return f"[0.5, -1.5] if variant == 0 else [2.0],  # {a.name}"
     return f"variant == 0,  # {a.name}"
 
 
@@ -861,7 +870,7 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
 
     wrapper = [(a.name, annotation(a), a.default) for a in sig.args]
     init = [(a.name, annotation(a), a.default) for a in sig.attrs]
-    init_body = "".join(f"\n        self.{a.name} = {'list(' + a.name + ')' if a.kind == 'ints' else a.name}"
+    init_body = "".join(f"\n        self.{a.name} = {'list(' + a.name + ')' if a.kind in ('ints', 'floats') else a.name}"
                         for a in sig.attrs)
     forward = [(t.name, annotation(t), "None" if t.optional else None) for t in tensors]
     call = [a.name if a.is_tensor else f"self.{a.name}" for a in sig.args]

@@ -77,8 +77,8 @@ class TensorArg:
         return self.dtypes is not None
 
 
-AttrKind = Literal["int", "ints", "float", "bool"]
-ATTR_KINDS = ("int", "ints", "float", "bool")
+AttrKind = Literal["int", "ints", "float", "floats", "bool"]
+ATTR_KINDS = ("int", "ints", "float", "floats", "bool")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,8 @@ class AttrArg:
 
     ``kind``: ``int`` (torch ``int``), ``ints`` (``int[]``), ``float`` (``float``; ONNX stores
     it as float32, so kernels should compute with the float32 value: opforge's glue hands
-    them a C++ ``float``) or ``bool`` (an int attribute 0/1 in ONNX).
+    them a C++ ``float``), ``floats`` (``float[]``, float32 values likewise) or ``bool`` (an
+    int attribute 0/1 in ONNX).
     """
 
     name: str

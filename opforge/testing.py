@@ -367,7 +367,16 @@ class _OpModule(torch.nn.Module):
 
 
 def _float_attrs(spec: OpSpec) -> list:
-    return [i for i, a in enumerate(spec.args) if isinstance(a, AttrArg) and a.kind == "float"]
+    return [i for i, a in enumerate(spec.args) if isinstance(a, AttrArg) and a.kind in ("float", "floats")]
+
+
+def _as_stored(kind: str, value):
+    """An attribute value as ONNX stores it: float32 for float and float[] attributes."""
+    if kind == "float":
+        return float(np.float32(value))
+    if kind == "floats":
+        return [float(np.float32(v)) for v in value]
+    return value
 
 
 def _numpy_dtypes(dtypes: Sequence[torch.dtype]) -> list:
@@ -510,7 +519,7 @@ def reference_kwargs(spec: OpSpec, values: Sequence) -> tuple:
     attributes by ONNX name, bools as ints, floats rounded to float32 (ONNX stores float32)."""
     tensors, attrs = spec.split_args(list(values))
     kinds = {a.onnx_name: a.kind for a in spec.attr_args}
-    attrs = {k: (float(np.float32(v)) if kinds[k] == "float" else v) for k, v in attrs.items()}
+    attrs = {k: _as_stored(kinds[k], v) for k, v in attrs.items()}
     return [None if t is None else _numpy(t) for t in tensors], attrs
 
 
@@ -648,8 +657,9 @@ def _check_float_attrs(spec, op, samples, dtypes, **_):
         for i, sample in enumerate(samples):
             for dtype in dtypes:
                 values = _cast(sample.args, dtype, spec)
-                v = _not_float32(values[k])
-                v32 = float(np.float32(v))
+                kind = spec.args[k].kind
+                v = [_not_float32(x) for x in values[k]] if kind == "floats" else _not_float32(values[k])
+                v32 = _as_stored(kind, v)
                 where = _where("float_attrs", spec, sample, i, dtype, f"attribute {name!r}")
                 with_double = _call(op, values[:k] + [v] + values[k + 1:])
                 with_float = _call(op, values[:k] + [v32] + values[k + 1:])

@@ -5,7 +5,7 @@ does) and checked by their own generated tests:
 * one from a float tensor, an int64 index tensor (``--dtypes index=int64``) and a float attribute,
   which also exports with both exporters under opforge.export's full check and runs in ONNX Runtime
   exactly as in torch;
-* one with two outputs and int[], bool, optional-tensor and defaulted float arguments and a C++
+* one with two outputs and int[], float[], bool, optional-tensor and defaulted float arguments and a C++
   backward op (``--backward cpp``), whose double backward is a clear error.
 
 Plus what needs no build: the generated text (types, names, no leftovers of the example op), the
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # A float tensor, an index tensor of another element type and a float attribute.
 MIXED_PKG, MIXED, MIXED_DOMAIN = "opf_schema_mixed", "mixed_types", "com.example.mixed"
 MIXED_SCHEMA = f"{MIXED}(Tensor x, Tensor index, float alpha) -> Tensor"
-# Two outputs; int[], bool, optional tensor and defaulted float arguments; the backward as a C++ op.
+# Two outputs; int[], float[], bool, optional tensor and defaulted float arguments; the backward as a C++ op.
 MULTI_PKG, MULTI, MULTI_DOMAIN = "opf_schema_multi", "two_outputs", "com.example.multi"
-MULTI_SCHEMA = (f"{MULTI}(Tensor x, Tensor y, Tensor? weight, int[] sizes, bool flag, float alpha, float beta=0.5) "
-                "-> (Tensor, Tensor)")
+MULTI_SCHEMA = (f"{MULTI}(Tensor x, Tensor y, Tensor? weight, int[] sizes, float[] scales, bool flag, float alpha, "
+                "float beta=0.5) -> (Tensor, Tensor)")
 
 
 def _nvcc() -> bool:
@@ -133,8 +133,11 @@ def test_several_outputs_lists_optional_tensors_and_a_cpp_backward(tmp_path):
     assert "def two_outputs(" in spec and "beta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:" in spec
     assert "std::tuple<at::Tensor, at::Tensor> two_outputs_cpu(" in torch_cpp
     assert "const std::optional<at::Tensor>& weight" in torch_cpp and "at::IntArrayRef sizes" in torch_cpp
+    assert 'opforge.AttrArg("scales", kind="floats"' in spec and "at::ArrayRef<double> scales" in torch_cpp
+    assert "args.scales.assign(scales.begin(), scales.end());" in torch_cpp  # float32 values, as ONNX stores them
+    assert 'ort_glue::node_floats(info, kOp, "scales")' in ort_cc and "std::vector<float> scales;" in core
     assert ('m.def("_two_outputs_backward(Tensor grad_out0, Tensor grad_out1, Tensor x, Tensor y, Tensor? weight, '
-            'int[] sizes, bool flag, float alpha, float beta) -> (Tensor, Tensor)");') in _joined_literals(torch_cpp)
+            'int[] sizes, float[] scales, bool flag, float alpha, float beta) -> (Tensor, Tensor)");') in _joined_literals(torch_cpp)
     assert f'm.def("{MULTI_SCHEMA}");' in _joined_literals(torch_cpp)
     assert f'schema="{MULTI_SCHEMA}",' in _joined_literals(spec)
     assert "std::optional<const Ort::Custom::Tensor<T>*> weight" in ort_cc
@@ -151,7 +154,7 @@ def test_what_cannot_be_generated_is_refused_clearly(tmp_path):
             new_op(kwargs.pop("name", "op"), "opf_refused", tmp_path / "never", schema=schema, log=lambda s: None,
                    **kwargs)
 
-    refused("op(Tensor x, float[] scales) -> Tensor", r"float\[\].*AttrArg kinds: int, ints, float, bool")
+    refused("op(Tensor x, Tensor[] xs) -> Tensor", r"'xs' has type Tensor\[\]; supported: Tensor, Tensor\?, int, float")
     refused("op(Tensor x, str mode) -> Tensor", r"'mode' has type str; supported: Tensor, Tensor\?, int, float, bool")
     refused("op(Tensor x, *, int k) -> Tensor", "keyword-only")
     refused("op(Tensor(a!) x) -> Tensor(a!)", "alias annotation")
@@ -168,7 +171,7 @@ def test_what_cannot_be_generated_is_refused_clearly(tmp_path):
     assert not (tmp_path / "never").exists()
     # The CLI says the same, as a CLI does (exit status 1, one line on stderr).
     run = _run([sys.executable, "-m", "opforge", "new-op", "op", "--package", "opf_refused", "--schema",
-                "op(Tensor x, float[] scales) -> Tensor", "--dir", str(tmp_path / "cli")], cwd=tmp_path)
+                "op(Tensor x, str mode) -> Tensor", "--dir", str(tmp_path / "cli")], cwd=tmp_path)
     assert run.returncode == 1 and "opforge new-op: error: opforge new-op: --schema" in run.stderr, run.stderr
     assert not (tmp_path / "cli").exists()
 
@@ -314,7 +317,7 @@ def test_multi_output_op_gradients_come_from_the_cpp_op_and_double_backward_is_a
 
         x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
         y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-        out0, out1 = {MULTI_PKG}.{MULTI}(x, y, None, [2], True, 0.5)  # beta: the schema's default 0.5
+        out0, out1 = {MULTI_PKG}.{MULTI}(x, y, None, [2], [0.1, 0.2], True, 0.5)  # beta: the schema's default 0.5
         grad_x, grad_y = torch.autograd.grad((out0 + 3 * out1).sum(), (x, y), create_graph=True)
         assert torch.equal(grad_x, torch.full_like(x, 4 * 2.0)), grad_x  # (1 + 3) * (1 + alpha + beta)
         assert torch.equal(grad_y, torch.zeros_like(y))
@@ -338,7 +341,7 @@ def test_multi_output_op_runs_in_ort_without_its_optional_input_and_refuses_a_mi
         import numpy as np, onnxruntime, torch, opforge, {MULTI_PKG}
         from onnx import TensorProto, helper
 
-        module = {MULTI_PKG}.{MULTI.title().replace("_", "")}(sizes=[1, 2], flag=False, alpha=0.25).eval()
+        module = {MULTI_PKG}.{MULTI.title().replace("_", "")}(sizes=[1, 2], scales=[0.1, 2.5], flag=False, alpha=0.25).eval()
         x, y = torch.randn(2, 3), torch.randn(2, 3)
         proto = opforge.export(module, (x, y), dynamo=False, input_names=["x", "y"], opset_version=17, check=True)
         (node,) = [n for n in proto.graph.node if n.domain == "{MULTI_DOMAIN}"]
@@ -349,7 +352,7 @@ def test_multi_output_op_runs_in_ort_without_its_optional_input_and_refuses_a_mi
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w.numpy())
 
-        bad = helper.make_node("{MULTI}", ["x", "", "w"], ["o0", "o1"], domain="{MULTI_DOMAIN}", sizes=[1], flag=0,
+        bad = helper.make_node("{MULTI}", ["x", "", "w"], ["o0", "o1"], domain="{MULTI_DOMAIN}", sizes=[1], scales=[0.5], flag=0,
                                alpha=0.5, beta=0.5)
         value = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
         model = helper.make_model(helper.make_graph([bad], "g", [value("x"), value("w")], [value("o0"), value("o1")]),

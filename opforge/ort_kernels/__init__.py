@@ -489,7 +489,7 @@ def check_library_kernels(domain: str, specs=None) -> list[str]:
     specs = [s for s in (specs or REGISTRY.values()) if s.domain == domain]
     if not specs:
         return []
-    dummy = {"int": 1, "ints": [1, 1], "float": 1.0, "bool": 0}
+    dummy = {"int": 1, "ints": [1, 1], "float": 1.0, "floats": [1.0, 1.0], "bool": 0}
     missing = []
     for spec in specs:
         # each input typed as its declaration's first type (an index input as int64, say), so the

@@ -18,7 +18,7 @@ from onnxscript import values as _osv
 from ..spec import REGISTRY, AttrArg, OpSpec
 from . import lowering
 
-_ANNOTATION = {"int": int, "ints": Sequence[int], "float": float, "bool": bool}
+_ANNOTATION = {"int": int, "ints": Sequence[int], "float": float, "floats": Sequence[float], "bool": bool}
 
 
 def _with_signature(fn: Callable, spec: OpSpec) -> Callable:

@@ -18,6 +18,7 @@ _ATTR_TYPE = {
     "int": OpSchema.AttrType.INT,
     "ints": OpSchema.AttrType.INTS,
     "float": OpSchema.AttrType.FLOAT,
+    "floats": OpSchema.AttrType.FLOATS,
     "bool": OpSchema.AttrType.INT,
 }
 

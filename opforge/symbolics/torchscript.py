@@ -17,8 +17,8 @@ from ..spec import AttrArg, OpSpec
 from . import lowering
 
 # parse_args descriptors and g.op attribute suffixes per attribute kind.
-_DESCRIPTOR = {"int": "i", "ints": "is", "float": "f", "bool": "b"}
-_SUFFIX = {"int": "i", "ints": "i", "float": "f", "bool": "i"}
+_DESCRIPTOR = {"int": "i", "ints": "is", "float": "f", "floats": "fs", "bool": "b"}
+_SUFFIX = {"int": "i", "ints": "i", "float": "f", "floats": "f", "bool": "i"}
 
 
 def _set_output_types(spec: OpSpec, inputs, attrs, out) -> None:
