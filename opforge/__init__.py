@@ -28,6 +28,7 @@ from .ort_kernels import (
 )
 from .prototype import PrototypeKernelWarning, register_prototype
 from .registration import OpInputError, OpRegistrationError, check_library, check_same_device, register_op
+from .shape_rule import ShapeRule
 from .spec import AttrArg, OpSpec, TensorArg
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .symbolics import standard_onnx, translation_table
@@ -64,6 +65,7 @@ __all__ = [
     "OpRegistrationError",
     "OpSpec",
     "PrototypeKernelWarning",
+    "ShapeRule",
     "TensorArg",
     "TorchvisionPatch",
     "aten_library_path",

@@ -415,17 +415,34 @@ def _core_blocks(sig: OpSignature, camel: str) -> dict:
                     "floats": ": float32 values, as ONNX stores them (torch rounds its doubles to them)",
                     "bool": ": an int attribute 0/1 in ONNX"}.get(a.kind, "")
             fields.append(f"  {_CPP_ATTR[a.kind]} {a.name}{init};  // {a.declaration}{note}")
+    shape_fields = []
+    for a in sig.args:
+        if a.is_tensor:
+            note = a.declaration + (" (present == false when not given)" if a.optional else "")
+            shape_fields.append(f"  Shape<Dim> {a.name};  // {note}")
+        else:
+            shape_fields.append(fields[sig.args.index(a)])
+    shapes_of = [f"  in.{a.name} = {{args.{a.name}.shape, args.{a.name}.present}};" if a.is_tensor else
+                 f"  in.{a.name} = args.{a.name};" for a in sig.args]
+    every_shape = ", ".join([f"in.{x}.dims"] * len(sig.outputs))
     unused = [a.name for a in sig.args if a is not sig.primary and a.kind != "float"]
     unused_text = f" {', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used." if unused else ""
     floats = " + ".join(a.name for a in sig.float_attrs)
     scale_words = f"1 + {floats} (the float attributes)" if floats else "1 (there are no float attributes)"
     derivative = (f"and {sig.name}_backward below, its derivative" if sig.backward == "cpp" else
                   f"its derivative is _backward in {sig.name}.py")
-    output_ptrs = "\n".join(f"  F* {o} = alloc({k}, args.{x}.shape);" for k, o in enumerate(sig.outputs))
+    output_ptrs = "\n".join(f"  F* {o} = alloc({k}, shapes[{k}]);" for k, o in enumerate(sig.outputs))
     stores = "\n".join(f"      {o}[i] = scaled;" for o in sig.outputs)
     note = _cpp_comment(f"PLACEHOLDER: replace with the op's math. Each output is {x} * placeholder_scale, with "
                         f"placeholder_scale = {scale_words}, shaped like {x}.{unused_text}")
-    forward = f"""{note}
+    forward = f"""  // The outputs' shapes, and every check of shapes and attributes: the shape rule above, which
+  // torch's fake impl and ONNX shape inference run too.
+  std::vector<std::vector<int64_t>> shapes;
+  const std::string error = {sig.name}_output_shapes({sig.name}_shapes(args), shapes);
+  if (!error.empty()) return error;
+  if (shapes.size() != {len(sig.outputs)})
+    return message("{sig.name}_output_shapes gave ", shapes.size(), " shape(s) for {len(sig.outputs)} output(s)");
+{note}
   const F placeholder_scale = {_cpp_scale(sig)};
   const F* {x} = args.{x}.data;
 {output_ptrs}
@@ -438,6 +455,9 @@ def _core_blocks(sig: OpSignature, camel: str) -> dict:
   return "";"""
     blocks = {
         "CORE_ARG_FIELDS": "\n".join(fields),
+        "CORE_SHAPE_FIELDS": "\n".join(shape_fields),
+        "CORE_SHAPES_OF_BODY": "\n".join(shapes_of),
+        "CORE_RULE_OUT": f"  out = {{{every_shape}}};",
         "CORE_FORWARD_BODY": forward,
         "CORE_HEADER_NOTE": _cpp_comment(f"The function to write is {sig.name}_forward ({derivative}). Until you "
                                          f"do, it computes a PLACEHOLDER: {_placeholder_math(sig)}.", 0),
@@ -519,22 +539,54 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
 
     core_params = [f"const at::Tensor& {a.name}" if a.is_tensor else f"{_TORCH_ATTR[a.kind]} {a.name}"
                    for a in sig.args]
+    def attr_lines(a, target: str) -> list:
+        """The attribute as the core takes it, in ``target`` (``args``, ``in``)."""
+        if a.kind == "ints":
+            return [f"  {target}.{a.name} = {a.name}.vec();"]
+        if a.kind == "float":
+            note = ["  // ONNX stores float attributes as float32: compute with that value"] \
+                if a is sig.float_attrs[0] else []
+            return note + [f"  {target}.{a.name} = static_cast<float>({a.name});"]
+        if a.kind == "floats":
+            return [f"  {target}.{a.name}.assign({a.name}.begin(), {a.name}.end());  // each rounded to float32, "
+                    "as ONNX stores it"]
+        return [f"  {target}.{a.name} = {a.name};"]
+
     body = []
     for a in sig.args:
         if a.is_tensor:
             element = OWN_DTYPES[a.dtype][0] if a.dtype else "F"
             body.append(f"  args.{a.name} = torch_glue::input<{element}>({a.name});")
-        elif a.kind == "ints":
-            body.append(f"  args.{a.name} = {a.name}.vec();")
-        elif a.kind == "float":
-            if a is sig.float_attrs[0]:
-                body.append("  // ONNX stores float attributes as float32: compute with that value")
-            body.append(f"  args.{a.name} = static_cast<float>({a.name});")
-        elif a.kind == "floats":
-            body.append(f"  args.{a.name}.assign({a.name}.begin(), {a.name}.end());  // each rounded to float32, "
-                        "as ONNX stores it")
         else:
-            body.append(f"  args.{a.name} = {a.name};")
+            body += attr_lines(a, "args")
+
+    rule_params, rule_body, rule_schema = [], [], []
+    for a in sig.args:
+        if a.is_tensor:
+            rule_params.append(f"std::optional<c10::SymIntArrayRef> {a.name}" if a.optional else
+                               f"c10::SymIntArrayRef {a.name}")
+            rule_body.append(f"  in.{a.name} = torch_glue::shape({a.name});")
+            rule_schema.append(f"SymInt[]{'?' if a.optional else ''} {a.name}")
+        else:
+            rule_params.append(f"{_TORCH_ATTR[a.kind]} {a.name}")
+            rule_body += attr_lines(a, "in")
+            rule_schema.append(a.declaration)
+    rule_op = f"_{sig.name}_output_shapes"
+    rule_def = _canonical(f"{rule_op}({', '.join(rule_schema)}) -> SymInt[]")
+    rule = f"""{_cpp_comment(f"{sig.name}'s shape rule (core::{sig.name}_output_shapes) as a tensor-free torch op, "
+                          f"{pkg}::{rule_op}: each tensor argument is its shape, with c10::SymInt dims (symbolic "
+                          "under dynamic shapes); it returns the outputs' shapes flattened, [rank0, dims0..., rank1, "
+                          f"...]. The fake impl and ONNX shape inference call it (opforge.ShapeRule in {sig.name}.py), "
+                          "so they check and size exactly as the kernels do.", 0)}
+{_wrap(f"std::vector<c10::SymInt> {sig.name}_output_shapes(", rule_params, ") {")}
+  core::{camel}Shapes<c10::SymInt> in;
+{chr(10).join(rule_body)}
+  std::vector<std::vector<c10::SymInt>> out;
+  const std::string err = core::{sig.name}_output_shapes(in, out);
+  TORCH_CHECK_VALUE(err.empty(), kOp, ": ", err);
+  return torch_glue::flattened(out, {len(sig.outputs)}, kOp);
+}}
+"""
 
     def params(a):
         if a.is_tensor:
@@ -581,6 +633,9 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
         "TORCH_CORE_ARGS_SIGNATURE": _wrap(f"core::{camel}Args<F> core_args(", core_params, ") {"),
         "TORCH_CORE_ARGS_BODY": "\n".join(body),
         "TORCH_FORWARD": forward.rstrip("\n"),
+        "TORCH_SHAPE_RULE": rule.rstrip("\n"),
+        "TORCH_DEF_SHAPE_RULE": "\n  " + _wrap("m.def(", _literal_pieces(rule_def, 98),
+                                               f", &{pkg}::{sig.name}_output_shapes);", indent=2, sep=""),
         "TORCH_BACKWARD": "",
         "TORCH_BACKWARD_NOTE": "",
         "TORCH_DEF": _def_line(sig.schema),
@@ -761,8 +816,8 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
                                         f'"but must be {t.dtype}"')
     checks.append("    " + _wrap("opforge.check_same_device(", ["_OP"] + [f"{t.name}={t.name}" for t in tensors], ")",
                                  indent=4))
-    shapes = [f"None if {t.name} is None else list({t.name}.shape)" if t.optional else f"list({t.name}.shape)"
-              for t in tensors]
+    rule_args = [(f"None if {a.name} is None else {a.name}.shape" if a.optional else f"{a.name}.shape")
+                 if a.is_tensor else a.name for a in sig.args]
     n_out = len(sig.outputs)
     fake_return = f"{x}.new_empty(shapes[0])" if n_out == 1 else f"tuple({x}.new_empty(output_shape) for output_shape in shapes)"
 
@@ -881,7 +936,6 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         else "from typing import Sequence",
         "OUTPUT_LIST": ", ".join(sig.outputs),
         "TENSOR_LIST": ", ".join(t.name for t in tensors),
-        "PY_SHAPES_RETURN": f"[shapes[{tensors.index(sig.primary)}]]" + (f" * {n_out}" if n_out > 1 else ""),
         "PY_FAKE_DEF": _wrap("def _fake(", names, "):"),
         "PY_CHECK_DEF": _wrap("def _check(", [t.name for t in tensors], ") -> None:"),
         "PY_CHECK_CALL": _wrap("_check(", [t.name for t in tensors], ")", indent=4),
@@ -889,19 +943,12 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_MODULE_RETURN": _wrap(f"return torch.ops.{pkg}.{sig.name}(", call, ")", indent=8),
         "PY_DOC_SCHEMA": _doc(sig.schema, indent=8),
         "PY_DOC_PLACEHOLDER": _doc(f"PLACEHOLDER math, until you write the op's: {_placeholder_math(sig)}.", 0),
-        "PY_SHAPES_DOC": _doc(f"The outputs' shapes ({', '.join(sig.outputs)}) from the tensor inputs' shapes, in "
-                              f"schema order ({', '.join(t.name for t in tensors)}; each a list of dims, None when "
-                              "absent or of unknown rank), and the attributes by name. Dims are ints, torch.SymInts "
-                              "(the dynamo exporter's dynamic dims) or, in ONNX shape inference, names or None. It "
-                              f"must give the shapes {sig.name}_forward allocates (opcheck compares)."),
         "PY_REFERENCE_PLACEHOLDER": _doc(f"PLACEHOLDER: {_placeholder_math(sig)}."),
         "PY_SPEC_SCHEMA": _wrap("schema=", _literal_pieces(sig.schema, 96), ",", indent=4, sep=""),
         "PY_SPEC_DOC": _wrap("doc=", _literal_pieces(f"{sig.name} (PLACEHOLDER math: {_placeholder_math(sig)})", 96),
                              ",", indent=4, sep=""),
         "PY_CHECKS": "\n".join(checks),
-        "PY_FAKE_SHAPES": (_wrap("attrs = {", [f'"{a.name}": {a.name}' for a in sig.attrs], "}", indent=4) +
-                           "\n    " + _wrap("shapes = _output_shapes([", shapes, "], attrs)", indent=4)) if sig.attrs
-        else _wrap("shapes = _output_shapes([", shapes, "], {})", indent=4),
+        "PY_FAKE_SHAPES": _wrap("shapes = _shape_rule(", rule_args, ")", indent=4),
         "PY_FAKE_RETURN": fake_return,
         "PY_AUTOGRAD": autograd,
         "PY_REFERENCE_DEF": _wrap("def _reference(", reference_params, ") -> tuple:"),
@@ -910,8 +957,9 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_EXAMPLE_ARGS": examples,
         "PY_SPEC_ARGS": "\n".join(spec_args),
         "PY_SPEC_OUTPUTS": outputs,
-        "PY_SPEC_HELPER_OPS": f'\n    helper_ops=("_{sig.name}_backward",),  # the C++ backward op, never exported'
-        if sig.backward == "cpp" else "",
+        "PY_SPEC_HELPER_OPS": f'\n    helper_ops=("_{sig.name}_backward", "_{sig.name}_output_shapes"),  # C++ '
+                              "helper ops, never exported" if sig.backward == "cpp" else
+        f'\n    helper_ops=("_{sig.name}_output_shapes",),  # the shape rule op, never exported',
         "PY_WRAPPER_DEF": _wrap(f"def {sig.name}(", _py_params(wrapper), f"){returns}:"),
         "PY_MODULE_INIT_DEF": _wrap("def __init__(", ["self"] + _py_params(init), "):", indent=4),
         "PY_MODULE_INIT_BODY": init_body,
@@ -1046,7 +1094,7 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
     if signature:
         bw = f"csrc/{name}.h: {name}_backward, " if signature.backward == "cpp" else f"{name}.py: _backward, "
         log(f"then replace the PLACEHOLDER math: csrc/{name}.h: {name}_forward, {bw}"
-            f"{name}.py: _output_shapes, _reference, example_args (see {dest / 'README.md'})")
+            f"csrc/{name}.h: {name}_output_shapes, {name}.py: _reference, example_args (see {dest / 'README.md'})")
     return dest
 
 

@@ -119,6 +119,13 @@ def test_the_package_follows_the_schema_and_is_named_after_the_op(tmp_path):
     assert 'opforge::ort::node_attribute<float>(info, kOp, "alpha")' in ort_cc
     assert "Input<int64_t> index;" in core and "float alpha = 0;" in core
     assert core.count(f"std::string {MIXED}_forward(") == 1 and f"{MIXED}_backward" not in core  # one function
+    # One shape rule: the core's, which the forward runs and torch registers for the fake impl and ONNX.
+    assert f"std::string {MIXED}_output_shapes(const MixedTypesShapes<Dim>& in," in core
+    assert f"const std::string error = {MIXED}_output_shapes({MIXED}_shapes(args), shapes);" in core
+    assert (f'm.def("_{MIXED}_output_shapes(SymInt[] x, SymInt[] index, float alpha) -> SymInt[]", '
+            f"&{MIXED_PKG}::{MIXED}_output_shapes);") in torch_cpp
+    assert f'_shape_rule = opforge.ShapeRule("{MIXED_PKG}::_{MIXED}_output_shapes")' in spec
+    assert "onnx_output_shapes=_shape_rule.onnx_output_shapes," in spec and "def _output_shapes" not in spec
     assert "CUDA_SOURCES = []  # new-op --schema: CPU kernels only" in files["setup.py"]
 
 
@@ -128,7 +135,8 @@ def test_several_outputs_lists_optional_tensors_and_a_cpp_backward(tmp_path):
     files = _files(pkg_dir)
     spec, core = files[f"src/{MULTI_PKG}/{MULTI}.py"], files[f"src/{MULTI_PKG}/csrc/{MULTI}.h"]
     torch_cpp, ort_cc = files[f"src/{MULTI_PKG}/csrc/{MULTI}_torch.cpp"], files[f"src/{MULTI_PKG}/csrc/{MULTI}_ort.cc"]
-    assert 'outputs=("out0", "out1"),' in spec and 'helper_ops=("_two_outputs_backward",)' in spec
+    assert 'outputs=("out0", "out1"),' in spec
+    assert 'helper_ops=("_two_outputs_backward", "_two_outputs_output_shapes"),' in spec
     assert 'opforge.TensorArg("weight", optional=True' in spec and 'opforge.AttrArg("sizes", kind="ints"' in spec
     assert "def two_outputs(" in spec and "beta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:" in spec
     assert "std::tuple<at::Tensor, at::Tensor> two_outputs_cpu(" in torch_cpp
@@ -154,7 +162,7 @@ def test_what_cannot_be_generated_is_refused_clearly(tmp_path):
             new_op(kwargs.pop("name", "op"), "opf_refused", tmp_path / "never", schema=schema, log=lambda s: None,
                    **kwargs)
 
-    refused("op(Tensor x, Tensor[] xs) -> Tensor", r"'xs' has type Tensor\[\]; supported: Tensor, Tensor\?, int, float")
+    refused("op(Tensor x, Tensor[] xs) -> Tensor", r"'xs' has type List\[Tensor\]; supported: Tensor, Tensor\?, int, float, bool, int\[\], float\[\]$")
     refused("op(Tensor x, str mode) -> Tensor", r"'mode' has type str; supported: Tensor, Tensor\?, int, float, bool")
     refused("op(Tensor x, *, int k) -> Tensor", "keyword-only")
     refused("op(Tensor(a!) x) -> Tensor(a!)", "alias annotation")
