@@ -199,4 +199,39 @@ def _run_exporter(model, args, *, dynamo, opset, standard, input_names, output_n
                 **export_options,
             )
         proto = onnx.load_from_string(buffer.getvalue())
+        if dynamic_axes:
+            _name_output_dims(proto)
     return proto
+
+
+def _name_output_dims(proto: onnx.ModelProto) -> None:
+    """The TorchScript exporter names each dynamic dim of a graph output that ``dynamic_axes`` does
+    not name itself (``ms_attn5_dim_0``), even where it is an input's named dim (``batch``); the
+    dynamo exporter keeps the input's name. Give TorchScript exports the same names: ONNX shape
+    inference over the graph (it knows opforge's ops through their OpSchemas, whose shape rules keep
+    dim names), and each output dim the exporter named that inference ties to a named input dim takes
+    that name. Dims inference cannot tie keep the exporter's names."""
+    given = {d.dim_param for v in proto.graph.input if v.type.HasField("tensor_type")
+             for d in v.type.tensor_type.shape.dim if d.dim_param}
+    invented = [(o.name, k) for o in proto.graph.output if o.type.HasField("tensor_type")
+                for k, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param and d.dim_param not in given]
+    if not given or not invented:
+        return
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    # The exporter's own names, also on intermediate values (value_info), made unknown, so that
+    # inference fills them in rather than carrying them along.
+    for value in list(probe.graph.output) + list(probe.graph.value_info):
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param and d.dim_param not in given:
+                d.ClearField("dim_param")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+    except Exception:  # names are a courtesy: a graph inference cannot follow keeps the exporter's
+        return
+    inferred_outputs = {o.name: o for o in inferred.graph.output}
+    originals = {o.name: o for o in proto.graph.output}
+    for name, k in invented:
+        dims = inferred_outputs[name].type.tensor_type.shape.dim
+        if k < len(dims) and dims[k].dim_param in given:
+            originals[name].type.tensor_type.shape.dim[k].dim_param = dims[k].dim_param

@@ -113,6 +113,12 @@ def _check_spec(spec: OpSpec, impl: Callable) -> None:
             f"{where}: attribute(s) {bad_attrs} are lists (int[] or float[]); onnxruntime-extensions' Python ops "
             "take only int and float attributes. Give each value its own int attribute, or write the op's kernels in C++ "
             "(opforge new-op)")
+    own_typed = [a.name for a in spec.tensor_args + spec.output_args if a.own_types]
+    if own_typed:
+        raise OpRegistrationError(
+            f"{where}: input(s)/output(s) {own_typed} declare their own dtypes; a prototype's ONNX Runtime kernel "
+            "takes and gives the op's float types only. Write the op's kernels in C++ (opforge new-op --schema ... "
+            "--dtypes ...)")
     optional = [a.name for a in spec.tensor_args if a.optional]
     if optional:
         raise OpRegistrationError(
@@ -189,14 +195,14 @@ def _call_impl(proto: Prototype, arrays: list, attrs: dict) -> tuple:
     result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     if len(result) != len(proto.spec.outputs):
         raise RuntimeError(f"{proto.spec.torch_qualname}: the prototype implementation returned {len(result)} "
-                           f"output(s); the spec has {len(proto.spec.outputs)} ({list(proto.spec.outputs)})")
+                           f"output(s); the spec has {len(proto.spec.outputs)} ({list(proto.spec.output_names)})")
     return tuple(np.asarray(r) for r in result)
 
 
 def _check_shape(proto: Prototype, index: int, got: tuple, want: tuple) -> None:
     if tuple(got) != tuple(want):
         raise RuntimeError(f"{proto.spec.torch_qualname}: the prototype implementation returned output "
-                           f"{proto.spec.outputs[index]!r} of shape {list(got)}, but the spec's fake impl says "
+                           f"{proto.spec.output_names[index]!r} of shape {list(got)}, but the spec's fake impl says "
                            f"{list(want)}; fix one of them")
 
 

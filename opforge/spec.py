@@ -52,7 +52,11 @@ class TensorArg:
     index tensor; keys of :data:`ONNX_TYPE_OF`), when they are not the op's own float types.
     Default (None): one of the spec's ``onnx_types``, the same type as every other such input
     and as the outputs. Inputs declaring the same ``dtypes`` share one ONNX type variable;
-    check_op does not cast them to the dtype it sweeps."""
+    check_op does not cast them to the dtype it sweeps.
+
+    An output is declared the same way in ``OpSpec.outputs`` when its type is not the op's own:
+    ``TensorArg("indices", dtypes=("int64",))``. It shares the type variable of the inputs that
+    declare the same ``dtypes`` (and takes their type), or gets its own."""
 
     name: str
     onnx_name: Optional[str] = None
@@ -121,8 +125,9 @@ class OpSpec:
     #: The TORCH_LIBRARY schema, without namespace, exactly as printed by torch.
     schema: str
     args: tuple[Arg, ...]
-    #: ONNX output names (one per torch output).
-    outputs: tuple[str, ...]
+    #: ONNX output names (one per torch output), or ``TensorArg(name, dtypes=(...))`` for an
+    #: output whose element type is not the op's own (an index output).
+    outputs: tuple[Union[str, TensorArg], ...]
     doc: str
     #: Fake (meta) implementation: shapes/dtypes only, also raises on bad input.
     fake: Callable[..., Any]
@@ -183,6 +188,21 @@ class OpSpec:
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"OpSpec {self.torch_qualname}: duplicate argument names {names}")
+        if isinstance(self.outputs, (str, TensorArg)):
+            raise TypeError(f"OpSpec {self.torch_qualname}: outputs must be a tuple of names or TensorArgs, got "
+                            f"{self.outputs!r}")
+        inputs = {a.onnx_name for a in self.tensor_args}
+        for out in self.outputs:
+            if isinstance(out, TensorArg):
+                if out.optional:
+                    raise ValueError(f"OpSpec {self.torch_qualname}: output {out.name!r} cannot be optional")
+                if out.own_types and out.onnx_name in inputs:
+                    raise ValueError(f"OpSpec {self.torch_qualname}: output {out.name!r} declares dtypes and has the "
+                                     "name of an input; give it another name")
+            elif not isinstance(out, str):
+                raise TypeError(f"OpSpec {self.torch_qualname}: output {out!r} must be a name or a TensorArg")
+        if len(set(self.output_names)) != len(self.output_names):
+            raise ValueError(f"OpSpec {self.torch_qualname}: duplicate output names {list(self.output_names)}")
 
     @property
     def torch_qualname(self) -> str:
@@ -212,6 +232,16 @@ class OpSpec:
         return tuple(a for a in self.args if isinstance(a, AttrArg))
 
     @property
+    def output_args(self) -> tuple[TensorArg, ...]:
+        """The outputs as TensorArgs (a plain name: an output of the op's own element type)."""
+        return tuple(o if isinstance(o, TensorArg) else TensorArg(o) for o in self.outputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The ONNX output names."""
+        return tuple(o.onnx_name for o in self.output_args)
+
+    @property
     def typed_args(self) -> tuple[TensorArg, ...]:
         """The tensor inputs of the op's own element type (``onnx_types``), which the outputs share."""
         return tuple(a for a in self.tensor_args if not a.own_types)
@@ -221,19 +251,35 @@ class OpSpec:
         return tuple(ONNX_TYPE_OF[d] for d in arg.dtypes) if arg.own_types else self.onnx_types
 
     def type_variables(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-        """``{type variable: (ONNX types, ONNX input names)}``: ``T`` for the op's own type (its
-        inputs and every output), one more per distinct ``dtypes`` of the other inputs."""
+        """``{type variable: (ONNX types, ONNX input and output names)}``: ``T`` for the op's own
+        type (its inputs and the outputs that declare no dtypes), one more per distinct ``dtypes``
+        of the other inputs and outputs."""
         variables = {"T": (self.onnx_types, tuple(a.onnx_name for a in self.typed_args))}
-        for arg in self.tensor_args:
+        for arg in self.tensor_args + self.output_args:
             if not arg.own_types:
                 continue
             types = self.onnx_types_of(arg)
             name = next((v for v, (t, _) in variables.items() if v != "T" and t == types), None)
             if name is None:
-                variables[f"T_{arg.onnx_name}"] = (types, (arg.onnx_name,))
+                name = f"T_{arg.onnx_name}"
+                while name in variables:
+                    name += "_"
+                variables[name] = (types, (arg.onnx_name,))
             else:
                 variables[name] = (types, variables[name][1] + (arg.onnx_name,))
         return variables
+
+    def output_elem_type(self, index: int, input_types: list) -> Optional[str]:
+        """Output ``index``'s ONNX type string, given the tensor inputs' (ONNX type strings, None
+        where unknown or absent): an own-typed input's of the same type variable, else the
+        variable's only type; None when it cannot be known."""
+        out = self.output_args[index]
+        variable = self.type_variable_of(out) if out.own_types else "T"
+        types, names = self.type_variables()[variable]
+        for arg, t in zip(self.tensor_args, input_types):
+            if t is not None and arg.onnx_name in names and (arg.own_types or variable == "T"):
+                return t
+        return types[0] if len(types) == 1 else None
 
     def output_type_input(self) -> Optional[int]:
         """The position, among the tensor inputs, of the one whose element type the outputs take."""

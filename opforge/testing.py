@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from .registration import torch_op
-from .spec import REGISTRY, AttrArg, OpSpec, TensorArg
+from .spec import ONNX_TYPE_OF, REGISTRY, AttrArg, OpSpec, TensorArg
 
 CHECKS = ("opcheck", "gradcheck", "reference", "export_torchscript", "export_dynamo", "onnx_reference",
           "float_attrs", "bad_inputs")
@@ -336,12 +336,15 @@ def single_node_model(spec: OpSpec, values: Sequence):
         names.pop()
     graph_inputs = [helper.make_tensor_value_info(a.onnx_name, _onnx_elem_type(v.dtype), None)
                     for a, v in zip(spec.tensor_args, inputs) if isinstance(v, torch.Tensor)]
-    source = spec.output_type_input()  # the outputs have the type of the op's own-typed inputs
-    first = inputs[source] if source is not None and isinstance(inputs[source], torch.Tensor) else None
-    out_type = _onnx_elem_type(first.dtype) if first is not None else TensorProto.FLOAT
-    node = helper.make_node(spec.name, names, list(spec.outputs), domain=spec.domain, **attrs)
+    # each output's type from the spec's type variables (the op's own type: its float inputs')
+    torch_name = {onnx_type: name for name, onnx_type in ONNX_TYPE_OF.items()}
+    type_strings = [ONNX_TYPE_OF.get(str(v.dtype).replace("torch.", "")) if isinstance(v, torch.Tensor) else None
+                    for v in inputs]
+    out_types = [_onnx_elem_type(getattr(torch, torch_name[spec.output_elem_type(k, type_strings) or "tensor(float)"]))
+                 for k in range(len(spec.output_args))]
+    node = helper.make_node(spec.name, names, list(spec.output_names), domain=spec.domain, **attrs)
     graph = helper.make_graph([node], spec.name, graph_inputs,
-                              [helper.make_tensor_value_info(o, out_type, None) for o in spec.outputs])
+                              [helper.make_tensor_value_info(o, t, None) for o, t in zip(spec.output_names, out_types)])
     return helper.make_model(graph, ir_version=9, opset_imports=[
         helper.make_opsetid("", 18), helper.make_opsetid(spec.domain, spec.domain_version)])
 
@@ -560,7 +563,7 @@ def _export(spec, op, values, batch, *, dynamo: bool, opset: int):
         # Inputs sharing the one batch Dim make the exporter note that it keeps one name for them.
         warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape constraints")
         proto = opforge.export(model, tuple(values[k] for k in positions), dynamo=dynamo, opset_version=opset,
-                               standard_onnx=False, input_names=names, output_names=list(spec.outputs), **dynamic,
+                               standard_onnx=False, input_names=names, output_names=list(spec.output_names), **dynamic,
                                **extra)
     return proto, names, positions
 

@@ -1,9 +1,11 @@
 """The public op API on ops that are not opforge's: OpSpec (namespace vs domain), register_op,
 check_library, ORT libraries by domain, and ort_session's registration rules."""
 
+import dataclasses
 import types
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -28,6 +30,7 @@ _LIBS = [
     _lib("unspecced", "unspecced(Tensor x) -> Tensor", lambda x: x.clone()),
     _lib("twin", "twin(Tensor x) -> Tensor", lambda x: x + 1),
     _lib("wrong_schema", "wrong_schema(Tensor x) -> Tensor", lambda x: x),
+    _lib("top1", "top1(Tensor x, Tensor bias) -> (Tensor, Tensor)", lambda x, bias: tuple((x + bias).max(dim=-1))),
 ]
 
 
@@ -47,6 +50,17 @@ def _scale_spec(**overrides):
 
 SCALE = _scale_spec()
 SCALE_OP = opforge.register_op(SCALE)
+
+# An op with an output of another element type than the op's own: the position of the maximum.
+TOP1 = OpSpec(
+    name="top1", namespace=NS, domain="com.example.api", schema="top1(Tensor x, Tensor bias) -> (Tensor, Tensor)",
+    args=(TensorArg("x"), TensorArg("bias")), outputs=("values", TensorArg("indices", dtypes=("int64",))),
+    doc="the largest of x + bias along the last dim, and its index",
+    fake=lambda x, bias: (x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.int64)),
+    reference=lambda x, bias: ((x + bias).max(-1).astype(x.dtype), (x + bias).argmax(-1).astype(np.int64)),
+    onnx_output_shapes=lambda shapes, attrs: None if shapes[0] is None else [shapes[0][:-1]] * 2,
+)
+TOP1_OP = opforge.register_op(TOP1)
 
 
 def test_namespace_and_domain_are_separate_and_the_registry_is_keyed_by_domain():
@@ -196,3 +210,41 @@ def test_ort_session_names_a_spec_whose_library_has_no_kernel():
             opforge.ort_session(_my_add_model())
     finally:
         del _KERNEL_AUDIT[("opforge", path)]
+
+
+class _Top1(torch.nn.Module):
+    def forward(self, x, bias):
+        values, indices = TOP1_OP(x, bias)
+        return values * 2, indices
+
+
+def test_an_output_declared_with_its_own_dtype_is_typed_so_in_the_schema_both_exporters_and_the_model():
+    schema = onnx.defs.get_schema("top1", 1, "com.example.api")
+    assert [o.type_str for o in schema.outputs] == ["T", "T_indices"]
+    assert {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}["T_indices"] == \
+        ["tensor(int64)"]
+    assert TOP1.output_names == ("values", "indices")
+    x, bias = torch.randn(3, 5), torch.randn(5)
+    for dynamo in (True, False):
+        kw = ({"dynamic_shapes": ({0: torch.export.Dim("batch")}, None)} if dynamo
+              else {"dynamic_axes": {"x": {0: "batch"}}, "opset_version": 17})
+        proto = opforge.export(_Top1(), (x, bias), dynamo=dynamo, input_names=["x", "bias"], check=True, **kw)
+        outputs = [(o.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+                   for o in proto.graph.output]
+        assert outputs == [(TensorProto.FLOAT, ["batch"]), (TensorProto.INT64, ["batch"])], (dynamo, outputs)
+        x7 = torch.randn(7, 5)
+        values, indices = opforge.symbolics.reference.evaluator(proto).run(None, {"x": x7.numpy(), "bias": bias.numpy()})
+        want_values, want_indices = (x7 + bias).max(dim=-1)
+        np.testing.assert_allclose(values, 2 * want_values.numpy(), rtol=1e-6)
+        assert indices.dtype == np.int64 and np.array_equal(indices, want_indices.numpy())
+
+
+def test_output_declarations_are_checked():
+    with pytest.raises(ValueError, match="output 'y' cannot be optional"):
+        dataclasses.replace(TOP1, outputs=("values", TensorArg("y", optional=True)))
+    with pytest.raises(ValueError, match="output 'x' declares dtypes and has the name of an input"):
+        dataclasses.replace(TOP1, outputs=("values", TensorArg("x", dtypes=("int64",))))
+    with pytest.raises(ValueError, match="duplicate output names"):
+        dataclasses.replace(TOP1, outputs=("values", "values"))
+    with pytest.raises(TypeError, match="outputs must be a tuple"):
+        dataclasses.replace(TOP1, outputs="values")

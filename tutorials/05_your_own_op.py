@@ -146,9 +146,11 @@ def mixed_type_op_from_schema(work: Path) -> bool:
     show(spec_path, 'TensorArg("rows"', 'AttrArg("scale"')
     show(csrc / f"{MIXED}_torch.cpp", "rows.scalar_type() == at::kLong", "static_cast<float>(scale)")
     show(csrc / f"{MIXED}_ort.cc", "Ort::Custom::Tensor<int64_t>& rows")
-    show(csrc / f"{MIXED}.h", "Input<int64_t> rows;", f"std::string {MIXED}_forward(")
-    print("   left to write (PLACEHOLDER until then): csrc/scaled_rows.h: scaled_rows_forward, and in scaled_rows.py "
-          "_output_shapes, _reference, example_args")
+    show(csrc / f"{MIXED}.h", "Input<int64_t> rows;", f"std::string {MIXED}_output_shapes(",
+         f"std::string {MIXED}_forward(")
+    print("   left to write (PLACEHOLDER until then): csrc/scaled_rows.h: scaled_rows_output_shapes (the one shape "
+          "rule: kernels, fake impl, ONNX shape inference) and scaled_rows_forward, and in scaled_rows.py _reference, "
+          "example_args")
     show(csrc / f"{MIXED}.h", "PLACEHOLDER: the output")
 
     t0 = time.perf_counter()

@@ -495,13 +495,16 @@ def check_library_kernels(domain: str, specs=None) -> list[str]:
         # each input typed as its declaration's first type (an index input as int64, say), so the
         # probe finds the kernel registered for that signature
         input_types = [_elem_type(spec.onnx_types_of(a)[0]) for a in spec.tensor_args]
-        out_type = _elem_type(spec.onnx_types[0])
+        input_type_strings = [spec.onnx_types_of(a)[0] for a in spec.tensor_args]
+        output_types = [_elem_type(spec.output_elem_type(k, input_type_strings) or spec.onnx_types[0])
+                        for k in range(len(spec.output_args))]
         inputs = [a.onnx_name for a in spec.tensor_args]
-        node = helper.make_node(spec.name, inputs, list(spec.outputs), domain=domain,
+        node = helper.make_node(spec.name, inputs, list(spec.output_names), domain=domain,
                                 **{a.onnx_name: dummy[a.kind] for a in spec.attr_args})
         graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, t, None)
                                                     for n, t in zip(inputs, input_types)],
-                                  [helper.make_tensor_value_info(o, out_type, None) for o in spec.outputs])
+                                  [helper.make_tensor_value_info(o, t, None)
+                                   for o, t in zip(spec.output_names, output_types)])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                         helper.make_opsetid(domain, spec.domain_version)])
         so = ort.SessionOptions()

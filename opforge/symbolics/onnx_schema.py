@@ -31,8 +31,9 @@ def schema(spec: OpSpec) -> OpSchema:
         Param(a.onnx_name, spec.type_variable_of(a), a.doc, param_option=Option.Optional if a.optional else Option.Single)
         for a in spec.tensor_args
     ]
-    outputs = [Param(name, "T", "") for name in spec.outputs]
-    constraints = [(var, list(types), _constraint_doc(var, names)) for var, (types, names) in
+    outputs = [Param(o.onnx_name, spec.type_variable_of(o) if o.own_types else "T", o.doc) for o in spec.output_args]
+    untyped_outputs = [o.onnx_name for o in spec.output_args if not o.own_types]
+    constraints = [(var, list(types), _constraint_doc(var, names, untyped_outputs)) for var, (types, names) in
                    spec.type_variables().items()]
     attributes = [OpSchema.Attribute(a.onnx_name, _ATTR_TYPE[a.kind], a.doc, required=True) for a in spec.attr_args]
     op_schema = OpSchema(
@@ -49,9 +50,10 @@ def schema(spec: OpSpec) -> OpSchema:
     return op_schema
 
 
-def _constraint_doc(var: str, names) -> str:
+def _constraint_doc(var: str, names, untyped_outputs) -> str:
     if var == "T":
-        return f"Element type of the outputs and of {', '.join(names) or 'no input'} (the op's onnx_types)"
+        return (f"Element type of {', '.join(list(untyped_outputs) + list(names)) or 'no input or output'} "
+                "(the op's onnx_types)")
     return f"Element type of {', '.join(names)} (declared with TensorArg(dtypes=...))"
 
 
@@ -64,14 +66,20 @@ def _shape_of(type_proto: onnx.TypeProto):
 
 
 def _infer(spec: OpSpec, ctx) -> None:
-    """Outputs take the element type of the first input of the op's own type (``T``); shapes
-    come from spec.onnx_output_shapes."""
+    """Each output takes the element type of its type variable: an input's of the same variable
+    (the op's own type ``T``, or declared dtypes), else the variable's only type; shapes come from
+    spec.onnx_output_shapes."""
     n = ctx.get_num_inputs()
     in_types = [ctx.get_input_type(i) if ctx.has_input(i) else None for i in range(n)]
-    source = spec.output_type_input()
-    if source is None or source >= n or in_types[source] is None or not in_types[source].HasField("tensor_type"):
+    type_strings = [_TYPE_STRING_OF.get(t.tensor_type.elem_type) if t is not None and t.HasField("tensor_type")
+                    else None for t in in_types]
+    elem_types = []
+    for i in range(ctx.get_num_outputs()):
+        t = spec.output_elem_type(i, type_strings + [None] * (len(spec.tensor_args) - n)) \
+            if i < len(spec.output_args) else None
+        elem_types.append(_ELEM_TYPE_OF.get(t))
+    if not any(elem_types):
         return
-    elem_type = in_types[source].tensor_type.elem_type
     shapes = None
     if spec.onnx_output_shapes is not None:
         attrs = {}
@@ -79,9 +87,17 @@ def _infer(spec: OpSpec, ctx) -> None:
             proto = ctx.get_attribute(a.onnx_name)
             attrs[a.onnx_name] = onnx.helper.get_attribute_value(proto) if proto is not None else None
         shapes = spec.onnx_output_shapes([_shape_of(t) if t is not None else None for t in in_types], attrs)
-    for i in range(ctx.get_num_outputs()):
-        shape = shapes[i] if shapes is not None else None
+    for i, elem_type in enumerate(elem_types):
+        if elem_type is None:
+            continue
+        shape = shapes[i] if shapes is not None and i < len(shapes) else None
         ctx.set_output_type(i, onnx.helper.make_tensor_type_proto(elem_type, shape))
+
+
+# ONNX type strings ("tensor(int64)") and TensorProto element types, both ways.
+_ELEM_TYPE_OF = {f"tensor({name.lower()})": value for name, value in onnx.TensorProto.DataType.items()
+                 if name != "UNDEFINED"}
+_TYPE_STRING_OF = {value: name for name, value in _ELEM_TYPE_OF.items()}
 
 
 def _registered(spec: OpSpec) -> bool:

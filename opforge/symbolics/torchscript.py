@@ -13,7 +13,7 @@ import functools
 import torch
 from torch.onnx import symbolic_helper
 
-from ..spec import AttrArg, OpSpec
+from ..spec import ONNX_TYPE_OF, AttrArg, OpSpec
 from . import lowering
 
 # parse_args descriptors and g.op attribute suffixes per attribute kind.
@@ -21,22 +21,52 @@ _DESCRIPTOR = {"int": "i", "ints": "is", "float": "f", "floats": "fs", "bool": "
 _SUFFIX = {"int": "i", "ints": "i", "float": "f", "floats": "f", "bool": "i"}
 
 
+def _traced_shape(value):
+    """A value's traced shape for ``onnx_output_shapes``: static dims as ints, dynamic ones as names
+    (the exporter's shape symbols: dims that share a dynamic axis share a name), None when its rank
+    is unknown."""
+    if value.type().kind() != "TensorType":
+        return None
+    sizes = value.type().symbolic_sizes()
+    if sizes is None:
+        return None
+    return [d if d >= 0 else f"dynamic_dim_{-d}" for d in sizes]
+
+
 def _set_output_types(spec: OpSpec, inputs, attrs, out) -> None:
     # The exporter's ONNX shape inference does not know custom domains: type the
-    # outputs ourselves (input 0's dtype, shape from the spec over the traced
-    # shapes, dynamic dims as None) so downstream ops and graph outputs stay
-    # typed and dynamic dims stay dynamic.
+    # outputs ourselves (each output's element type from the spec's type variables,
+    # shape from the spec over the traced shapes, dynamic dims as None) so downstream
+    # ops and graph outputs stay typed and dynamic dims stay dynamic.
+    input_types = [_type_string(v) for v in inputs]
+    out_shapes = spec.onnx_output_shapes([_traced_shape(v) for v in inputs], attrs) if spec.onnx_output_shapes \
+        else None
     source = spec.output_type_input()
-    if source is None:
-        return
-    first = inputs[source].type()
-    if first.kind() != "TensorType":
-        return
-    shapes = [v.type().varyingSizes() if v.type().kind() == "TensorType" else None for v in inputs]
-    out_shapes = spec.onnx_output_shapes(shapes, attrs) if spec.onnx_output_shapes else None
     for i, o in enumerate(out if isinstance(out, (list, tuple)) else (out,)):
+        elem = spec.output_elem_type(i, input_types)
+        if elem is None:
+            continue
+        own_type = not spec.output_args[i].own_types and source is not None and \
+            inputs[source].type().kind() == "TensorType"
+        base = inputs[source].type() if own_type else \
+            torch._C.TensorType.get().with_dtype(getattr(torch, _TORCH_DTYPE_OF[elem]))
         shape = out_shapes[i] if out_shapes is not None else None
-        o.setType(first.with_sizes([d if isinstance(d, int) else None for d in shape]) if shape is not None else first)
+        if shape is not None:
+            o.setType(base.with_sizes([d if isinstance(d, int) else None for d in shape]))
+        elif spec.onnx_output_shapes is None and own_type:
+            o.setType(base)  # no shape rule: the type source input's type (and shape), as before
+        else:  # shapes unknown: the dtype alone
+            o.setType(torch._C.TensorType.get().with_dtype(base.dtype()))
+
+
+_TORCH_DTYPE_OF = {onnx_type: torch_name for torch_name, onnx_type in ONNX_TYPE_OF.items()}
+
+
+def _type_string(value):
+    """A traced value's ONNX type string (``tensor(float)``), None when unknown."""
+    if value.type().kind() != "TensorType" or value.type().dtype() is None:
+        return None
+    return ONNX_TYPE_OF.get(str(value.type().dtype()).replace("torch.", ""))
 
 
 @functools.lru_cache(maxsize=None)
