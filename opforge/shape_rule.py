@@ -25,6 +25,7 @@ symbols of a scratch ``ShapeEnv``, so an output dim that is an input's named dim
 from __future__ import annotations
 
 import functools
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -65,18 +66,25 @@ class ShapeRule:
 
     @functools.cached_property
     def _arguments(self) -> list:
-        """(name, kind) of the rule op's arguments: kind "shape", "optional_shape", "bool" or "value"."""
+        """(name, kind) of the rule op's arguments: kind "shape" (a tensor's, ``SymInt[]``),
+        "optional_shape" (``SymInt[]?``), "bool" or "value" (an attribute, ``int[]`` included)."""
+        # The argument types as the schema declares them: the parsed schema's types say int for
+        # SymInt, so read the declarations from its text.
+        text = str(self._op._schema)
         out = []
         for arg in self._op._schema.arguments:
-            t = arg.type
-            if isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.ListType):
+            found = re.search(rf"([\w\[\]?]+) {re.escape(arg.name)}(?=[=,)])", text)
+            declared = found.group(1) if found else str(arg.type)
+            if declared == "SymInt[]?":
                 out.append((arg.name, "optional_shape"))
-            elif isinstance(t, torch.ListType) and str(t.getElementType()) in ("SymInt", "int"):
+            elif declared == "SymInt[]":
                 out.append((arg.name, "shape"))
-            elif isinstance(t, torch.BoolType):
+            elif declared == "bool":
                 out.append((arg.name, "bool"))
             else:
                 out.append((arg.name, "value"))
+        if not any(kind != "value" and kind != "bool" for _, kind in out):
+            raise RuntimeError(f"ShapeRule: {self.qualname} has no SymInt[] argument (a tensor's shape): {text}")
         return out
 
     def __call__(self, *shapes_and_attrs) -> list:

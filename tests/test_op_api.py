@@ -248,3 +248,35 @@ def test_output_declarations_are_checked():
         dataclasses.replace(TOP1, outputs=("values", "values"))
     with pytest.raises(TypeError, match="outputs must be a tuple"):
         dataclasses.replace(TOP1, outputs="values")
+
+
+def _rows_rule(x, index, keep, flag):
+    """A shape rule written in Python for the test (packages write it in C++): rows of x picked by index."""
+    if len(index) != 1:
+        raise ValueError(f"{NS}::rows: index must be 1-D, got {len(index)} dims")
+    if x[0] < 1:
+        raise ValueError(f"{NS}::rows: x is empty")
+    return [2, index[0], x[1]] + ([1, len(keep)] if flag else [])
+
+
+_LIBS.append(torch.library.Library(NS, "FRAGMENT"))
+_LIBS[-1].define("_rows_output_shapes(SymInt[] x, SymInt[] index, int[] keep, bool flag) -> SymInt[]")
+_LIBS[-1].impl("_rows_output_shapes", _rows_rule, "CompositeExplicitAutograd")
+
+
+def test_shape_rule_gives_the_fake_impl_and_onnx_shape_inference_the_same_shapes():
+    rule = opforge.ShapeRule(f"{NS}::_rows_output_shapes")
+    assert rule(torch.Size([3, 4]), [5], [0, 2], False) == [[5, 4]]
+    assert rule([3, 4], [5], [0, 2], True) == [[5, 4], [2]]  # several outputs: [rank, dims...] each
+    with pytest.raises(ValueError, match="index must be 1-D, got 2 dims"):
+        rule([3, 4], [5, 1], [0], False)
+    # ONNX: named dims stay named where the output dim is that dim; other values come through
+    assert rule.onnx_output_shapes([["n", 4], ["m"]], {"keep": [1], "flag": 1}) == [["m", 4], [1]]
+    assert rule.onnx_output_shapes([[None, "c"], [7]], {"keep": [1], "flag": 0}) == [[7, "c"]]
+    assert rule.onnx_output_shapes([["n", 4], None], {"keep": [1], "flag": 0}) is None  # index's rank unknown
+    assert rule.onnx_output_shapes([["n", 4], ["m", 2]], {"keep": [1], "flag": 0}) is None  # the rule refuses
+    assert rule.onnx_output_shapes([["n", 4], ["m"]], {"keep": [1]}) is None  # an attribute is missing
+    with pytest.raises(ValueError, match="not a qualified op name"):
+        opforge.ShapeRule("rows_output_shapes")
+    with pytest.raises(RuntimeError, match="is not registered"):
+        opforge.ShapeRule(f"{NS}::_nowhere_output_shapes")([1])
