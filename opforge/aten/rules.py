@@ -132,11 +132,11 @@ def register_all() -> None:
     # Every other op with a sample gets the bridge: where torch has no rule of its own, and
     # behind torch's rule where it has one (the bridge never shadows torch; it loads nothing
     # until a bridged op is exported).
-    from . import aten_bridge, aten_samples
+    from . import bridge, samples
 
     ruled = {r.aten for r in RULES}
-    aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS)
-    aten_bridge.register_complex_carriers(TORCHSCRIPT_OPSETS)
+    bridge.register(sorted(set(samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS)
+    bridge.register_complex_carriers(TORCHSCRIPT_OPSETS)
 
 
 def _torch_registry():

@@ -39,7 +39,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from . import aten_lowerings, aten_rules
+from . import lowerings, rules
 
 _LOCK = threading.RLock()
 
@@ -176,7 +176,7 @@ def _is_constant(value) -> bool:
 def _overloads(kind: str, original_schema: str) -> list:
     """Candidate schemas for a node, best first: the one the tracer recorded when it is known;
     else the ATen fallback's dispatcher order (default, Tensor, the rest; never out= or in-place)."""
-    from .aten_fallback import dispatch_order
+    from .fallback import dispatch_order
 
     if original_schema != "(no schema)":
         schema = torch._C.parse_schema(original_schema)
@@ -395,8 +395,8 @@ CURATED: dict[str, Callable] = {
     "special_erfcx": _erfcx,
     "special_log_ndtr": _log_ndtr,
     "take_along_dim": _take_along_dim,
-    "scatter_reduce": aten_lowerings.scatter_reduce_one_hot,
-    "cross_entropy_loss": aten_lowerings.cross_entropy_one_hot_smoothing,
+    "scatter_reduce": lowerings.scatter_reduce_one_hot,
+    "cross_entropy_loss": lowerings.cross_entropy_one_hot_smoothing,
 }
 
 
@@ -447,7 +447,7 @@ class Form(enum.IntEnum):
     DECOMPOSED = 1  # torch's decomposition of the op
     CORE_ATEN = 2  # everything decomposed down to core ATen
     DEEP = 3  # core ATen, then the ops core ATen keeps by their own decompositions
-    LOWERING = 4  # opforge's composition for older opsets (aten_lowerings.LOWERINGS)
+    LOWERING = 4  # opforge's composition for older opsets (lowerings.LOWERINGS)
 
 
 def _decompose(call: Call, program, form: Form):
@@ -506,9 +506,9 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         hints = hints[:1]
     fn = None
     if form == Form.LOWERING:
-        if call.name not in aten_lowerings.LOWERINGS:
+        if call.name not in lowerings.LOWERINGS:
             raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
-        fn = aten_lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
+        fn = lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
     with _LOCK, _quiet_exporter():
         for attempt, (hint, must_stay_dynamic) in enumerate(hints):
             try:
@@ -1110,7 +1110,7 @@ def lowered(call: Call, opset: int) -> tuple:
                 exc = BridgeError(f"{call.overload} at opset {opset}: {exc}")
             if first_error is None:
                 first_error = exc
-            if form == Form.LOWERING and call.name in aten_lowerings.LOWERINGS:
+            if form == Form.LOWERING and call.name in lowerings.LOWERINGS:
                 # opforge has a composition for older opsets and it failed: its reason matters.
                 raise BridgeError(f"{first_error}; opforge's composition for older opsets: "
                                   f"{str(exc).removeprefix(call.overload + ': ')}") from None
@@ -1218,7 +1218,7 @@ def _complex_consumers(value):
 
 def handles_complex(kind: str, opset: int) -> bool:
     """Whether the symbolic registered for ``kind`` at ``opset`` sends complex calls to the bridge."""
-    group = aten_rules._torch_registry().get_function_group(kind)
+    group = rules._torch_registry().get_function_group(kind)
     fn = group.get(opset) if group is not None else None
     return fn is symbolic or getattr(fn, "opforge_complex_aware", False)
 
@@ -1272,8 +1272,8 @@ def symbolic(g, *args):
 #: an index instead of adding them all, with only a Python warning): the bridge handles those
 #: calls instead.
 _TORCH_RULE_INVALID_FOR: dict[str, Callable] = {
-    "diagonal": lambda args: aten_rules._scalar_type(args[0]) == "Double",
-    "fake_quantize_per_channel_affine": lambda args: aten_rules._scalar_type(args[0]) == "Double",
+    "diagonal": lambda args: rules._scalar_type(args[0]) == "Double",
+    "fake_quantize_per_channel_affine": lambda args: rules._scalar_type(args[0]) == "Double",
     "index_add": lambda args: True,
 }
 
@@ -1359,14 +1359,14 @@ def complex_to_bridge(name: str, rule: Callable) -> Callable:
             return _complex_size(g, rule, *args) if name == "size" else symbolic(g, *args)
         return rule(g, *args, **kwargs)
 
-    symbolic_complex_aware.opforge_bridge_fallback = True  # aten_rules.torch_rule() unwraps it
+    symbolic_complex_aware.opforge_bridge_fallback = True  # rules.torch_rule() unwraps it
     symbolic_complex_aware.opforge_complex_aware = True
     return symbolic_complex_aware
 
 
 def register_complex_carriers(opsets: Sequence[int]) -> None:
     """Wraps the rule of each of :data:`COMPLEX_CARRIERS` (torch's, or opforge's wrapper of it)."""
-    registry = aten_rules._torch_registry()
+    registry = rules._torch_registry()
     for name in COMPLEX_CARRIERS:
         group = registry.get_function_group(f"aten::{name}")
         for opset in opsets:
@@ -1381,6 +1381,6 @@ def register(names: Sequence[str], opsets: Sequence[int]) -> None:
     one, that rule wrapped by :func:`torch_rule_then_bridge` (torch's rule stays first)."""
     for name in names:
         for opset in opsets:
-            fn = aten_rules.torch_rule(name, opset)
+            fn = rules.torch_rule(name, opset)
             torch.onnx.register_custom_op_symbolic(
                 f"aten::{name}", symbolic if fn is None else torch_rule_then_bridge(name, fn), opset)
