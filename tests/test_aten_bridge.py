@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.aten import bridge, coverage, rules, samples
+from opforge.aten import bridge, compositions, coverage, rules, samples, translation
 from opforge.aten.samples import SAMPLES
 
 from helpers import Lambda
@@ -110,11 +110,11 @@ def test_curated_compositions_hold_the_edge_values():
     x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("-inf"), float("nan"), 1e30, -1e-30])
     y = torch.tensor([0.5, -1.0, float("nan"), 0.0, -0.0, 3.0, 2.0, 1e30, float("inf")])
     for name, ref in [("signbit", torch.signbit), ("sgn", torch.sgn), ("angle", torch.angle)]:
-        torch.testing.assert_close(bridge.CURATED[name](x), ref(x), equal_nan=True)
+        torch.testing.assert_close(compositions.CURATED[name](x), ref(x), equal_nan=True)
     for name, ref in [("heaviside", torch.heaviside), ("hypot", torch.hypot), ("copysign", torch.copysign),
                       ("fmax", torch.fmax), ("fmin", torch.fmin)]:
-        torch.testing.assert_close(bridge.CURATED[name](x, y), ref(x, y), equal_nan=True)
-    assert torch.signbit(bridge.CURATED["copysign"](x, y)).tolist() == torch.signbit(torch.copysign(x, y)).tolist()
+        torch.testing.assert_close(compositions.CURATED[name](x, y), ref(x, y), equal_nan=True)
+    assert torch.signbit(compositions.CURATED["copysign"](x, y)).tolist() == torch.signbit(torch.copysign(x, y)).tolist()
 
 
 def test_refusal_names_the_op_the_onnx_op_and_the_opset():
@@ -129,10 +129,10 @@ def test_models_without_bridged_ops_do_not_load_the_bridge():
     # The bridge's cost (torchlib's registry, torch.export) is paid only by models that use it.
     code = (
         "import io, time, torch, opforge\n"
-        "from opforge.symbolics import aten_bridge\n"
+        "from opforge.aten import translation\n"
         "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
         "torch.onnx.export(m, (torch.randn(2, 4),), io.BytesIO(), dynamo=False, opset_version=17)\n"
-        "assert bridge.torchlib_registry.cache_info().currsize == 0\n"
+        "assert translation.torchlib_registry.cache_info().currsize == 0\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
@@ -143,10 +143,10 @@ def test_export_time_is_cached_per_signature():
     sample = SAMPLES["expm1"]
     inputs = sample.inputs(torch.float32)
     _export(sample, inputs, 17)  # torch.export + translation, once per signature
-    misses = bridge.translate.cache_info().misses
+    misses = translation.translate.cache_info().misses
     _export(sample, inputs, 17)
     _export(sample, inputs, 20)  # another opset: the same translation, lowered again
-    assert bridge.translate.cache_info().misses == misses
+    assert translation.translate.cache_info().misses == misses
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -158,7 +158,7 @@ def test_erfcx_and_log_ndtr_compositions_hold_the_tails(dtype):
                                 dtype=torch.float64)]).to(dtype)
     truth_dtype = torch.float64
     for name, ref in [("special_erfcx", torch.special.erfcx), ("special_log_ndtr", torch.special.log_ndtr)]:
-        got = bridge.CURATED[name](x)
+        got = compositions.CURATED[name](x)
         assert got.dtype == dtype
         # atol: log_ndtr's right tail (-ndtr(-x)) underflows into subnormals, which carry no precision
         torch.testing.assert_close(got, ref(x), rtol=2e-5 if dtype == torch.float32 else 2e-7,
@@ -340,7 +340,7 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
 
 
 def _clear_bridge_caches():
-    bridge._translate_cached.cache_clear()
+    translation._translate_cached.cache_clear()
     bridge.lowered.cache_clear()
 
 
@@ -349,7 +349,7 @@ def test_a_dynamic_dim_fixed_in_the_translation_is_refused(monkeypatch):
     # decomposition expands to that size: a model that would be wrong for every other batch
     # (a batch of 1 silently broadcast to the traced size). Without opforge's composition the
     # bridge compares the translations at two sizes and refuses.
-    monkeypatch.delitem(bridge.CURATED, "take_along_dim")
+    monkeypatch.delitem(compositions.CURATED, "take_along_dim")
     _clear_bridge_caches()
     fn = lambda x, i: torch.take_along_dim(x, i, 1)
     x, i = torch.arange(12).reshape(3, 4), torch.tensor([[0], [3], [1]])

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge  # noqa: F401  (registers the bridge)
-from opforge.aten import bridge, lowerings
+from opforge.aten import bridge, downgrade, lowerings
 
 from helpers import Lambda
 
@@ -188,9 +188,9 @@ def _lowered_model(op_type, attrs, x_type, shape, opset):
     extra = [onnx.helper.make_tensor_value_info("x2", x_type, shape)] if len(inputs) == 2 else []
     node = onnx.helper.make_node(op_type, inputs, ["y"], **attrs)
     source = onnx.helper.make_model(onnx.helper.make_graph([node], "g", [x, *extra], [y]),
-                                    opset_imports=[onnx.helper.make_opsetid("", bridge.SOURCE_OPSET)])
+                                    opset_imports=[onnx.helper.make_opsetid("", downgrade.SOURCE_OPSET)])
     source = onnx.shape_inference.infer_shapes(source)
-    nodes = bridge._Downgrade(bridge._Graph(source), opset, "test").run()
+    nodes = downgrade.Downgrade(downgrade.Graph(source), opset, "test").run()
     protos = [onnx.helper.make_node(n.op_type, n.inputs, n.outputs, **n.attrs) for n in nodes]
     target = onnx.helper.make_model(onnx.helper.make_graph(protos, "g", [x, *extra], [y]),
                                     opset_imports=[onnx.helper.make_opsetid("", opset)])

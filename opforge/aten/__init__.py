@@ -1,12 +1,30 @@
-"""The ATen subsystem: exporting ``aten::`` ops that the torch exporters cannot translate, and running them.
+"""The ATen subsystem: ``aten::`` ops the torch exporters have no rule for, exported and run.
 
-* :mod:`.rules`: curated TorchScript symbolics for ATen ops that have an ONNX equivalent but no torch rule
-* :mod:`.bridge` (+ :mod:`.samples`, :mod:`.lowerings`): a TorchScript symbolic for any ATen op
-  the dynamo exporter translates, brought down to the target opset
-* :mod:`.fallback`: ``org.pytorch.aten::ATen`` nodes for the ops ONNX cannot express, and
-  :mod:`.policy`, which of them libopforge_aten (built from ``csrc/``) runs
-* :mod:`.diagnosis`: why an op does not export and what to do (:func:`opforge.diagnose`)
-* :mod:`.coverage`: ``opforge coverage``, measured against the committed ``coverage.json``
+Export, TorchScript exporter (``dynamo=False``):
+
+* :mod:`.rules`: curated symbolics for ATen ops that have an ONNX equivalent but no torch rule.
+* :mod:`.bridge`: a symbolic for any ATen op the dynamo exporter translates, in four steps:
+  :mod:`.binding` (the node's ATen call), :mod:`.translation` (dynamo's ONNX graph for it, with
+  :mod:`.compositions` where dynamo's own translation is wrong), :mod:`.downgrade` (that graph
+  at the target opset; :mod:`.lowerings` where only a composition of older ops will do), then
+  written into the graph and registered (:mod:`.bridge` itself). :mod:`.samples` holds one
+  call per bridged op (what gets registered, measured and tested); :mod:`.errors` the
+  ``BridgeError`` all of them raise.
+
+Export and run, any exporter:
+
+* :mod:`.fallback`: ``org.pytorch.aten::ATen`` nodes for the ops ONNX cannot express
+  (``opforge.export(..., aten_fallback=True)``), made runnable by ``libopforge_aten``, the ONNX
+  Runtime library built from ``csrc/``; :mod:`.policy`: which ATen operators it runs by default.
+
+Tools:
+
+* :mod:`.diagnosis`: why an op does not export and what to do (``opforge.diagnose``).
+* :mod:`.coverage`: ``opforge coverage``, held to the committed ``coverage.json``.
+
+Layers, lowest first (a module imports only modules of earlier lines): errors, policy, samples,
+rules; lowerings, fallback; binding, compositions, downgrade; translation; bridge; coverage;
+diagnosis. ``import opforge`` calls :func:`register_all`.
 """
 
 from . import bridge, diagnosis, fallback, lowerings, policy, rules, samples
@@ -17,9 +35,11 @@ from .policy import AtenOpRefused
 
 def register_all() -> None:
     """The ATen pieces ``import opforge`` adds (each op's own rules come with
-    :func:`opforge.register_op`)."""
+    :func:`opforge.register_op`), in this order: the ``org.pytorch.aten::ATen`` schema, the
+    curated rules, then the bridge for every other sampled op."""
     fallback.register_schema()
     rules.register_all()
+    bridge.register_all()
 
 
 __all__ = [

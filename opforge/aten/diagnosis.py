@@ -174,12 +174,12 @@ def complex_input_diagnosis(op: str, opset: int) -> OpDiagnosis:
 def _torchscript_complex_misreads(graph, opset) -> list[str]:
     # What the bridge refuses at export: an op that would read a complex value's real pair
     # as a plain tensor.
-    from . import bridge
+    from . import binding, bridge
 
     found = []
     for node in graph.nodes():
         kind = node.kind()
-        if (kind.startswith("aten::") and kind not in found and any(bridge._is_complex(v) for v in node.inputs())
+        if (kind.startswith("aten::") and kind not in found and any(binding.is_complex(v) for v in node.inputs())
                 and not bridge.handles_complex(kind, opset)):
             found.append(kind)
     return found
@@ -223,8 +223,7 @@ def diagnose(model, args: tuple, *, dynamo: bool = False, opset_version: Optiona
              kwargs: Optional[dict] = None, dynamic_shapes=None) -> Diagnosis:
     """Lists every op of ``model(*args)`` the chosen exporter cannot translate (with opforge's
     rules registered), each with the way to export it."""
-    import opforge  # noqa: F401  (rules registered)
-
+    # (opforge's rules are registered: importing this module imported opforge first)
     if not isinstance(args, tuple):
         args = (args,)
     if dynamo:
