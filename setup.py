@@ -105,7 +105,7 @@ def aten_library():
         cuda_link = ["-Wl,--no-as-needed", "-ltorch_cuda", "-Wl,--as-needed"]
     ext = Extension(
         name,
-        sources=sorted(glob.glob(os.path.join(rel("opforge", "ort_kernels", "aten_csrc"), "*.cc"))),
+        sources=sorted(glob.glob(os.path.join(rel("opforge", "aten", "csrc"), "*.cc"))),
         include_dirs=[str(B.CSRC_DIR), ort_include(), *cpp_extension.include_paths(), *include_dirs],
         library_dirs=lib_dirs,
         libraries=["c10", "torch_cpu"] + cuda_libs,  # not torch_python: any ORT process, no Python needed

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opforge
 from timing import round_robin
-from opforge.symbolics.aten_fallback import ATEN_DOMAIN
+from opforge.aten.fallback import ATEN_DOMAIN
 
 
 def chain_model(n: int, aten: bool):

@@ -43,10 +43,10 @@ def main(argv=None):
     _export_ms(_model(), (x,), 15)  # warm up the exporter: its first exports are slower
     plain = _export_ms(_model(), (x,), args.repeat)
     import opforge  # noqa: F401
-    from opforge.symbolics import aten_bridge
+    from opforge.aten import translation
 
     with_opforge = _export_ms(_model(), (x,), args.repeat)
-    assert aten_bridge.torchlib_registry.cache_info().currsize == 0, "the bridge loaded for a model without bridged ops"
+    assert translation.torchlib_registry.cache_info().currsize == 0, "the bridge loaded for a model without bridged ops"
     y = torch.randn(8, 16)
     start = time.perf_counter()
     torch.onnx.export(_Bridged(), (y,), io.BytesIO(), dynamo=False, opset_version=17)

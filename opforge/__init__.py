@@ -11,8 +11,8 @@ exists. :mod:`opforge.build` builds a package's own kernels;
 :mod:`opforge.testing` checks an op end to end; ``opforge new-op`` writes a working one.
 """
 
-from . import ops, spec, symbolics
-from .diagnosis import Diagnosis, ExportError, diagnose
+from . import aten, ops, spec, symbolics
+from .aten import AtenOpRefused, Diagnosis, ExportError, diagnose
 from .export import export
 from .ops import MSDeformAttn, MultiScaleDeformableAttnFunction, MyAdd, MyAddFunction, deform_conv2d, ms_deform_attn, my_add
 from .ort_kernels import (
@@ -32,7 +32,6 @@ from .shape_rule import ShapeRule
 from .spec import AttrArg, OpSpec, TensorArg
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .symbolics import standard_onnx, translation_table
-from .symbolics.aten_policy import AtenOpRefused
 
 __version__ = "0.2.0"
 
@@ -40,7 +39,7 @@ __version__ = "0.2.0"
 #: library's CUDAExecutionProvider kernels (built with OPFORGE_CUDA=auto|1).
 BUILT_WITH_CUDA = bool(getattr(ops._registry._C, "WITH_CUDA", 0))
 
-symbolics.register_all()
+aten.register_all()
 
 
 def __getattr__(name: str):
@@ -68,6 +67,7 @@ __all__ = [
     "ShapeRule",
     "TensorArg",
     "TorchvisionPatch",
+    "aten",
     "aten_library_path",
     "check_library",
     "check_same_device",

@@ -242,14 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--opsets", default="9-20", help="a range like 9-20 or a list like 11,17,20 (default: 9-20)")
     cov.add_argument("--json", action="store_true", help="print the measurement as JSON")
     cov.add_argument("--write-snapshot", action="store_true",
-                     help="also write the regression baseline (opforge/symbolics/aten_coverage.json)")
+                     help="also write the regression baseline (opforge/aten/coverage.json)")
     cov.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     cov.set_defaults(func=cmd_coverage)
     return parser
 
 
 def cmd_coverage(args) -> int:
-    from . import coverage
+    from .aten import coverage
 
     return coverage.run(args)
 

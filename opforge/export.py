@@ -13,8 +13,8 @@ import onnx
 import torch
 
 from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
-from .diagnosis import explain_failure as _explain_failure
-from .symbolics import aten_fallback as _aten
+from .aten import fallback as _aten
+from .aten.diagnosis import explain_failure as _explain_failure
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
 from .symbolics import onnx_schema as _onnx_schema
@@ -56,7 +56,7 @@ def export(
       failing the export. Never silent: an :class:`AtenFallbackWarning` names the ops, and the
       model's ``metadata_props["opforge.aten_fallback"]`` lists them. Run such models with
       ``opforge.ort_session`` (registers ``libopforge_aten``). An op libopforge_aten refuses by
-      default (it reads files, draws random numbers...: :mod:`opforge.symbolics.aten_policy`) fails
+      default (it reads files, draws random numbers...: :mod:`opforge.aten.policy`) fails
       the export unless ``allow_aten`` names it; the session then needs the same ``allow_aten``.
     * ``check``: run ``onnx.checker.check_model(full_check=True)`` on the result.
 

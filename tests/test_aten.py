@@ -15,7 +15,7 @@ import torch
 from onnx import TensorProto
 
 import opforge
-from opforge.symbolics import aten_fallback, aten_rules
+from opforge.aten import fallback, rules
 
 from helpers import Lambda, aten_model
 
@@ -25,12 +25,12 @@ from helpers import Lambda, aten_model
 def test_every_registry_candidate_is_ruled_or_explained():
     """The candidates come from torch's own registry (ONNX op names that are ATen ops with no
     TorchScript rule). Each must have a rule here or a documented reason; none may be stale."""
-    candidates = set(aten_rules.missing_in_torch())
-    ruled = {r.aten for r in aten_rules.RULES}
-    assert candidates <= ruled | set(aten_rules.NOT_RULED), candidates - ruled - set(aten_rules.NOT_RULED)
-    assert set(aten_rules.NOT_RULED) <= candidates  # no stale explanations
-    for rule in aten_rules.RULES:  # and no rule overrides one torch has
-        assert not any(aten_rules.has_torch_rule(rule.aten, o) for o in rule.opsets), rule.aten
+    candidates = set(rules.missing_in_torch())
+    ruled = {r.aten for r in rules.RULES}
+    assert candidates <= ruled | set(rules.NOT_RULED), candidates - ruled - set(rules.NOT_RULED)
+    assert set(rules.NOT_RULED) <= candidates  # no stale explanations
+    for rule in rules.RULES:  # and no rule overrides one torch has
+        assert not any(rules.has_torch_rule(rule.aten, o) for o in rule.opsets), rule.aten
 
 
 RULE_INPUTS = {
@@ -44,7 +44,7 @@ RULE_INPUTS = {
     "bitwise_xor": lambda: torch.randint(-100, 100, (3, 4), dtype=torch.int32),
     "bitwise_and": lambda: torch.randint(-100, 100, (3, 4), dtype=torch.int32),
 }
-RULE_CASES = [(r.aten, o) for r in aten_rules.RULES
+RULE_CASES = [(r.aten, o) for r in rules.RULES
               for o in sorted({r.opsets[0], min(max(17, r.opsets[0]), r.opsets[-1]), r.opsets[-1]})]
 
 
@@ -113,8 +113,8 @@ def test_fallback_round_trip(name, exporter):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         proto = opforge.export(model, (x,), dynamo=dynamo, aten_fallback=True, input_names=["x"], opset_version=18)
-    fell_back = [str(w.message) for w in caught if issubclass(w.category, aten_fallback.AtenFallbackWarning)]
-    aten_nodes = [n for n in proto.graph.node if n.domain == aten_fallback.ATEN_DOMAIN]
+    fell_back = [str(w.message) for w in caught if issubclass(w.category, fallback.AtenFallbackWarning)]
+    aten_nodes = [n for n in proto.graph.node if n.domain == fallback.ATEN_DOMAIN]
     meta = {p.key: p.value for p in proto.metadata_props}
     if aten_nodes:  # never silent: warned and recorded, naming exactly the ops in the graph
         assert fell_back and "fell back to ATen nodes" in fell_back[-1]
@@ -156,10 +156,10 @@ def test_fallback_with_dynamic_shapes_and_a_mixed_model(exporter):
     dynamo = exporter == "dynamo"
     kw = dict(dynamic_shapes=({0: torch.export.Dim("n")},)) if dynamo else dict(dynamic_axes={"x": {0: "n"}})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", aten_fallback.AtenFallbackWarning)
+        warnings.simplefilter("ignore", fallback.AtenFallbackWarning)
         proto = opforge.export(model, (torch.randn(2, 4),), dynamo=dynamo, aten_fallback=True, input_names=["x"], **kw)
     domains = {n.domain for n in proto.graph.node}
-    assert {"opforge", aten_fallback.ATEN_DOMAIN} <= domains
+    assert {"opforge", fallback.ATEN_DOMAIN} <= domains
     x = torch.randn(7, 4)
     with torch.no_grad():
         expected = model(x)
@@ -208,7 +208,7 @@ def test_aten_library_links_torch_and_exports_only_register_custom_ops():
 
 
 def test_aten_library_works_in_a_process_without_torch_imported(tmp_path):
-    with pytest.warns(aten_fallback.AtenFallbackWarning, match="aten::cummax"):
+    with pytest.warns(fallback.AtenFallbackWarning, match="aten::cummax"):
         proto = opforge.export(Lambda(lambda x: torch.cummax(x, 1)), (torch.randn(2, 3),), dynamo=False,
                                aten_fallback=True, input_names=["x"])
     path = tmp_path / "m.onnx"
@@ -256,7 +256,7 @@ def test_hand_written_g_at_nodes_run_through_libopforge_aten(how, dtype):
     kw = dict(dynamo=False, opset_version=17, input_names=["x"], dynamic_axes={"x": {0: "n"}})
     if how == "opforge.export":
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", aten_fallback.AtenFallbackWarning)
+            warnings.simplefilter("ignore", fallback.AtenFallbackWarning)
             proto = opforge.export(model, (x,), aten_fallback=True, **kw)
         overloads = {onnx.helper.get_attribute_value(a).decode() for n in proto.graph.node if n.op_type == "ATen"
                      for a in n.attribute if a.name == "overload_name"}
@@ -276,7 +276,7 @@ def test_hand_written_g_at_nodes_run_through_libopforge_aten(how, dtype):
 
 
 def _aten_node(operator, inputs, **attrs):
-    return onnx.helper.make_node("ATen", inputs, ["y"], domain=aten_fallback.ATEN_DOMAIN, operator=operator,
+    return onnx.helper.make_node("ATen", inputs, ["y"], domain=fallback.ATEN_DOMAIN, operator=operator,
                                  overload_name="", **attrs)
 
 
@@ -290,14 +290,14 @@ def _aten_node(operator, inputs, **attrs):
     ("searchsorted", ["s", "c"], {}, {"c"}, "searchsorted.Tensor"),    # Tensor comes first for a constant
 ])
 def test_overloads_are_resolved_from_the_arguments(operator, inputs, attrs, consts, expected):
-    op, plan = aten_fallback._bind_overload(_aten_node(operator, inputs, **attrs), consts)
+    op, plan = fallback._bind_overload(_aten_node(operator, inputs, **attrs), consts)
     assert f"{op._schema.name.split('::')[1]}.{op._overloadname}" == expected
     assert [p[1] for p in plan if p[0] == "value"] == list(attrs.values())
 
 
 def test_an_unbindable_g_at_node_names_the_overloads():
     with pytest.raises(ValueError, match=r"no overload of aten::pow takes inputs \['x'\], bogus=1.0 \(non-out overloads"):
-        aten_fallback._bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
+        fallback._bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
 
 
 def test_g_at_with_int_and_keyword_scalar_attributes_runs():
@@ -307,7 +307,7 @@ def test_g_at_with_int_and_keyword_scalar_attributes_runs():
     graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                                    [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
-                                                         onnx.helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+                                                         onnx.helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
     x = torch.randn(2, 3)
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_allclose(got, (torch.cumsum(x, 1) + 0.5 * x).numpy(), rtol=1e-6)
@@ -320,7 +320,7 @@ def test_g_at_with_a_bool_argument_given_as_an_int_attribute():
     graph = onnx.helper.make_graph([node, anynode], "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                                    [onnx.helper.make_tensor_value_info("y", TensorProto.BOOL, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
-                                                         onnx.helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+                                                         onnx.helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
     x = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_array_equal(got, torch.any(torch.cumsum(x, 0), 1, keepdim=True).numpy())
@@ -370,7 +370,7 @@ def test_chained_g_at_nodes_are_typed_and_run(how, standard_between, opset):
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     kw = dict(dynamo=False, opset_version=opset, input_names=["x", "y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
     if how == "opforge.export":
-        with pytest.warns(aten_fallback.AtenFallbackWarning):
+        with pytest.warns(fallback.AtenFallbackWarning):
             proto = opforge.export(model, (x, y), aten_fallback=True, **kw)
     else:
         f = io.BytesIO()

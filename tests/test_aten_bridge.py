@@ -14,9 +14,8 @@ import pytest
 import torch
 
 import opforge
-from opforge import coverage
-from opforge.symbolics import aten_bridge, aten_rules, aten_samples
-from opforge.symbolics.aten_samples import SAMPLES
+from opforge.aten import bridge, compositions, coverage, rules, samples, translation
+from opforge.aten.samples import SAMPLES
 
 from helpers import Lambda
 
@@ -80,25 +79,25 @@ def test_below_opset_11_what_the_table_counts_runs_and_the_rest_refuses(name, op
 
 
 def test_edge_values_are_in_the_elementwise_samples():
-    x = aten_samples._edge(torch.float32)
+    x = samples._edge(torch.float32)
     assert torch.isnan(x).any() and torch.isposinf(x).any() and torch.isneginf(x).any()
     assert ((x == 0) & torch.signbit(x)).any() and (x < 0).any()
 
 
 def test_bridge_never_shadows_a_torch_rule():
-    registry = aten_rules._torch_registry()
+    registry = rules._torch_registry()
     for name in SAMPLES:
         for opset in range(9, 21):
             fn = registry.get_function_group(f"aten::{name}")
             fn = fn.get(opset) if fn is not None else None
-            if fn is aten_bridge.symbolic:
-                assert not aten_rules.has_torch_rule(name, opset), (name, opset)
+            if fn is bridge.symbolic:
+                assert not rules.has_torch_rule(name, opset), (name, opset)
     # logit, for one, has a torch rule: it is not bridged anywhere.
-    assert "logit" not in SAMPLES and aten_rules.has_torch_rule("logit", 17)
+    assert "logit" not in SAMPLES and rules.has_torch_rule("logit", 17)
 
 
 def test_no_op_is_both_bridged_and_excluded():
-    excluded = [aten_samples.NOT_BRIDGED, aten_samples.INTERNAL, aten_samples.TRACED_AS, aten_samples.NEITHER_EXPORTER]
+    excluded = [samples.NOT_BRIDGED, samples.INTERNAL, samples.TRACED_AS, samples.NEITHER_EXPORTER]
     for k, group in enumerate(excluded):
         assert not set(SAMPLES) & set(group)
         for other in excluded[k + 1:]:
@@ -111,11 +110,11 @@ def test_curated_compositions_hold_the_edge_values():
     x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("-inf"), float("nan"), 1e30, -1e-30])
     y = torch.tensor([0.5, -1.0, float("nan"), 0.0, -0.0, 3.0, 2.0, 1e30, float("inf")])
     for name, ref in [("signbit", torch.signbit), ("sgn", torch.sgn), ("angle", torch.angle)]:
-        torch.testing.assert_close(aten_bridge.CURATED[name](x), ref(x), equal_nan=True)
+        torch.testing.assert_close(compositions.CURATED[name](x), ref(x), equal_nan=True)
     for name, ref in [("heaviside", torch.heaviside), ("hypot", torch.hypot), ("copysign", torch.copysign),
                       ("fmax", torch.fmax), ("fmin", torch.fmin)]:
-        torch.testing.assert_close(aten_bridge.CURATED[name](x, y), ref(x, y), equal_nan=True)
-    assert torch.signbit(aten_bridge.CURATED["copysign"](x, y)).tolist() == torch.signbit(torch.copysign(x, y)).tolist()
+        torch.testing.assert_close(compositions.CURATED[name](x, y), ref(x, y), equal_nan=True)
+    assert torch.signbit(compositions.CURATED["copysign"](x, y)).tolist() == torch.signbit(torch.copysign(x, y)).tolist()
 
 
 def test_refusal_names_the_op_the_onnx_op_and_the_opset():
@@ -130,10 +129,10 @@ def test_models_without_bridged_ops_do_not_load_the_bridge():
     # The bridge's cost (torchlib's registry, torch.export) is paid only by models that use it.
     code = (
         "import io, time, torch, opforge\n"
-        "from opforge.symbolics import aten_bridge\n"
+        "from opforge.aten import translation\n"
         "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
         "torch.onnx.export(m, (torch.randn(2, 4),), io.BytesIO(), dynamo=False, opset_version=17)\n"
-        "assert aten_bridge.torchlib_registry.cache_info().currsize == 0\n"
+        "assert translation.torchlib_registry.cache_info().currsize == 0\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
@@ -144,10 +143,10 @@ def test_export_time_is_cached_per_signature():
     sample = SAMPLES["expm1"]
     inputs = sample.inputs(torch.float32)
     _export(sample, inputs, 17)  # torch.export + translation, once per signature
-    misses = aten_bridge.translate.cache_info().misses
+    misses = translation.translate.cache_info().misses
     _export(sample, inputs, 17)
     _export(sample, inputs, 20)  # another opset: the same translation, lowered again
-    assert aten_bridge.translate.cache_info().misses == misses
+    assert translation.translate.cache_info().misses == misses
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -159,7 +158,7 @@ def test_erfcx_and_log_ndtr_compositions_hold_the_tails(dtype):
                                 dtype=torch.float64)]).to(dtype)
     truth_dtype = torch.float64
     for name, ref in [("special_erfcx", torch.special.erfcx), ("special_log_ndtr", torch.special.log_ndtr)]:
-        got = aten_bridge.CURATED[name](x)
+        got = compositions.CURATED[name](x)
         assert got.dtype == dtype
         # atol: log_ndtr's right tail (-ndtr(-x)) underflows into subnormals, which carry no precision
         torch.testing.assert_close(got, ref(x), rtol=2e-5 if dtype == torch.float32 else 2e-7,
@@ -203,14 +202,14 @@ def _single_op_sample(name):
     return getattr(torch, name), (x,)
 
 
-@pytest.mark.parametrize("name", sorted(aten_samples.TRACED_AS))
+@pytest.mark.parametrize("name", sorted(samples.TRACED_AS))
 def test_aliases_are_traced_as_the_op_they_name(name):
     fn, args = _single_op_sample(name)
     graph = torch.jit.trace(Lambda(fn), args, check_trace=False).graph
     # in-place forms (gru_cell records sigmoid_/tanh_) count as the op they update with
     recorded = {n.kind()[len("aten::"):].rstrip("_") for n in graph.nodes() if n.kind().startswith("aten::")}
     assert name not in recorded
-    assert {op.strip() for op in aten_samples.TRACED_AS[name].split(",")} <= recorded, recorded
+    assert {op.strip() for op in samples.TRACED_AS[name].split(",")} <= recorded, recorded
 
 
 def test_list_results_inside_a_model_at_opset_11():
@@ -298,7 +297,7 @@ _CARRIER_CALLS = {
 }
 
 
-@pytest.mark.parametrize("name", aten_bridge.COMPLEX_CARRIERS)
+@pytest.mark.parametrize("name", bridge.COMPLEX_CARRIERS)
 def test_each_op_torch_rules_that_carries_complex_values_matches_torch(name):
     # each op of COMPLEX_CARRIERS is recorded on complex tensors and exports to a model that
     # gives torch's values (opset 11: the oldest the issue asks for)
@@ -315,7 +314,7 @@ def test_each_op_torch_rules_that_carries_complex_values_matches_torch(name):
 
 
 def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
-    # Why every index_add goes to the bridge (aten_bridge._TORCH_RULE_INVALID_FOR): without
+    # Why every index_add goes to the bridge (bridge._TORCH_RULE_INVALID_FOR): without
     # opforge, torch's rule keeps one of the rows that share an index. If a torch upgrade fixes
     # it, this fails, and the override can go.
     code = (
@@ -341,8 +340,8 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
 
 
 def _clear_bridge_caches():
-    aten_bridge._translate_cached.cache_clear()
-    aten_bridge.lowered.cache_clear()
+    translation._translate_cached.cache_clear()
+    bridge.lowered.cache_clear()
 
 
 def test_a_dynamic_dim_fixed_in_the_translation_is_refused(monkeypatch):
@@ -350,7 +349,7 @@ def test_a_dynamic_dim_fixed_in_the_translation_is_refused(monkeypatch):
     # decomposition expands to that size: a model that would be wrong for every other batch
     # (a batch of 1 silently broadcast to the traced size). Without opforge's composition the
     # bridge compares the translations at two sizes and refuses.
-    monkeypatch.delitem(aten_bridge.CURATED, "take_along_dim")
+    monkeypatch.delitem(compositions.CURATED, "take_along_dim")
     _clear_bridge_caches()
     fn = lambda x, i: torch.take_along_dim(x, i, 1)
     x, i = torch.arange(12).reshape(3, 4), torch.tensor([[0], [3], [1]])

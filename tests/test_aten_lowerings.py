@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge  # noqa: F401  (registers the bridge)
-from opforge.symbolics import aten_bridge, aten_lowerings
+from opforge.aten import bridge, downgrade, lowerings
 
 from helpers import Lambda
 
@@ -44,7 +44,7 @@ def test_scatter_reduce_composition_matches_torch_eagerly(reduce, include_self, 
     index = torch.tensor([[[0, 1, 1], [4, 4, 0], [1, 1, 1]], [[2, 2, 2], [0, 3, 0], [4, 1, 1]]])
     for dim in (1, -2):
         expected = x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
-        got = aten_lowerings.scatter_reduce_one_hot(x, dim, index, src, reduce, include_self)
+        got = lowerings.scatter_reduce_one_hot(x, dim, index, src, reduce, include_self)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -188,9 +188,9 @@ def _lowered_model(op_type, attrs, x_type, shape, opset):
     extra = [onnx.helper.make_tensor_value_info("x2", x_type, shape)] if len(inputs) == 2 else []
     node = onnx.helper.make_node(op_type, inputs, ["y"], **attrs)
     source = onnx.helper.make_model(onnx.helper.make_graph([node], "g", [x, *extra], [y]),
-                                    opset_imports=[onnx.helper.make_opsetid("", aten_bridge.SOURCE_OPSET)])
+                                    opset_imports=[onnx.helper.make_opsetid("", downgrade.SOURCE_OPSET)])
     source = onnx.shape_inference.infer_shapes(source)
-    nodes = aten_bridge._Downgrade(aten_bridge._Graph(source), opset, "test").run()
+    nodes = downgrade.Downgrade(downgrade.Graph(source), opset, "test").run()
     protos = [onnx.helper.make_node(n.op_type, n.inputs, n.outputs, **n.attrs) for n in nodes]
     target = onnx.helper.make_model(onnx.helper.make_graph(protos, "g", [x, *extra], [y]),
                                     opset_imports=[onnx.helper.make_opsetid("", opset)])
@@ -287,7 +287,7 @@ def test_cross_entropy_composition_matches_torch_eagerly():
                     for t, ignore in ((target, 2), (probabilities, -100)):
                         expected = F.cross_entropy(x, t, weight=w, reduction=name, ignore_index=ignore,
                                                    label_smoothing=smoothing)
-                        got = aten_lowerings.cross_entropy_one_hot_smoothing(x, t, w, reduction, ignore, smoothing)
+                        got = lowerings.cross_entropy_one_hot_smoothing(x, t, w, reduction, ignore, smoothing)
                         torch.testing.assert_close(got, expected)
 
 
@@ -301,13 +301,13 @@ def test_scatter_reduce_arguments_torchs_rule_refuses_go_to_the_bridge(opset, re
 
 
 def test_wrapped_torch_rules_are_still_torchs():
-    from opforge.symbolics import aten_rules
+    from opforge.aten import rules
 
-    registry = aten_rules._torch_registry()
+    registry = rules._torch_registry()
     fn = registry.get_function_group("aten::cross_entropy_loss").get(17)
     assert getattr(fn, "opforge_bridge_fallback", False) and fn.__wrapped__.__module__.startswith("torch.onnx")
-    assert aten_rules.has_torch_rule("cross_entropy_loss", 17) and not aten_rules.has_torch_rule("cross_entropy_loss", 11)
-    assert aten_rules.torch_rule("cross_entropy_loss", 17) is fn.__wrapped__
+    assert rules.has_torch_rule("cross_entropy_loss", 17) and not rules.has_torch_rule("cross_entropy_loss", 11)
+    assert rules.torch_rule("cross_entropy_loss", 17) is fn.__wrapped__
 
 
 @pytest.mark.parametrize("opset", [13, 17, 20])
@@ -325,13 +325,13 @@ def test_float64_calls_torchs_rules_write_invalid_models_for_go_to_the_bridge(op
 
 def test_a_call_torchs_rule_refuses_goes_to_the_bridge_and_if_both_refuse_the_error_says_both():
     from torch.onnx import errors
-    from opforge.symbolics import aten_rules
+    from opforge.aten import rules
 
     def refusing_rule(g, *args):
         g.op("Identity", args[0])  # a node written before refusing must not stay in the graph
         raise errors.SymbolicValueError("torch's rule refuses this call", args[0])
 
-    torch.onnx.register_custom_op_symbolic("aten::tril", aten_bridge.torch_rule_then_bridge("tril", refusing_rule), 17)
+    torch.onnx.register_custom_op_symbolic("aten::tril", bridge.torch_rule_then_bridge("tril", refusing_rule), 17)
     try:
         # The diagonal comes from the input's shape: a graph value, which the bridge cannot take.
         model = Lambda(lambda a: torch.tril(a, a.shape[1] - 3))
@@ -347,7 +347,7 @@ def test_a_call_torchs_rule_refuses_goes_to_the_bridge_and_if_both_refuse_the_er
         torch.testing.assert_close(_run(lambda a: torch.tril(a, 1), (x,), 17)[0], torch.tril(x, 1))
     finally:
         torch.onnx.register_custom_op_symbolic(
-            "aten::tril", aten_bridge.torch_rule_then_bridge("tril", aten_rules.torch_rule("tril", 17)), 17)
+            "aten::tril", bridge.torch_rule_then_bridge("tril", rules.torch_rule("tril", 17)), 17)
 
 
 # ---- torch.fft: DFT-matrix compositions below opset 17 (and where dynamo's DFT is invalid) ----
@@ -378,7 +378,7 @@ def test_fft_compositions_match_torch_eagerly(name, ref, complex_input, kwargs):
                     generator=g)
     kw = dict(kwargs)
     size = kw.pop("n", kw.pop("s", None))
-    got = aten_lowerings.LOWERINGS[name](None)(x, size, kw.pop("dim", None), kw.pop("norm", None))
+    got = lowerings.LOWERINGS[name](None)(x, size, kw.pop("dim", None), kw.pop("norm", None))
     torch.testing.assert_close(got, ref(x, **kwargs), rtol=1e-10, atol=1e-10)
 
 

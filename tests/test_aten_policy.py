@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import opforge
-from opforge.symbolics import aten_fallback, aten_policy
+from opforge.aten import fallback, policy
 
 from helpers import Lambda, aten_model
 
@@ -29,22 +29,22 @@ def _plain_session(model: onnx.ModelProto, **config):
 
 def _from_file_model(path: str, size: int = 16, prepared: bool = True) -> onnx.ModelProto:
     """The issue's five-line model: ATen(operator="from_file", filename=path, size=size). ``prepared``:
-    in the form aten_fallback.prepare writes (constant inputs), which libopforge_aten reads as is;
+    in the form fallback.prepare writes (constant inputs), which libopforge_aten reads as is;
     else as a hand-written g.at node writes it (typed attributes)."""
     if not prepared:
-        node = helper.make_node("ATen", [], ["y"], domain=aten_fallback.ATEN_DOMAIN, operator="from_file",
+        node = helper.make_node("ATen", [], ["y"], domain=fallback.ATEN_DOMAIN, operator="from_file",
                                 filename=path, size=size)
         inits = []
     else:
         inits = [helper.make_tensor("fname", TensorProto.STRING, [], [path.encode()]),
-                 numpy_helper.from_array(np.zeros(0, np.int64), aten_fallback.NONE_INPUT),
+                 numpy_helper.from_array(np.zeros(0, np.int64), fallback.NONE_INPUT),
                  helper.make_tensor("size", TensorProto.INT64, [], [size])]
-        node = helper.make_node("ATen", ["fname", aten_fallback.NONE_INPUT, "size"], ["y"],
-                                domain=aten_fallback.ATEN_DOMAIN, operator="from_file", overload_name="")
+        node = helper.make_node("ATen", ["fname", fallback.NONE_INPUT, "size"], ["y"],
+                                domain=fallback.ATEN_DOMAIN, operator="from_file", overload_name="")
     graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+                                                   helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
 
 
 # ---- the attack from the issue ------------------------------------------------------------
@@ -52,7 +52,7 @@ def _from_file_model(path: str, size: int = 16, prepared: bool = True) -> onnx.M
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared-form", "g.at-form"])
 def test_a_model_cannot_read_etc_passwd_through_ort_session(prepared):
     model = _from_file_model("/etc/passwd", prepared=prepared)
-    with pytest.raises(aten_policy.AtenOpRefused, match=r"aten::from_file is refused: reads the file the model names"):
+    with pytest.raises(policy.AtenOpRefused, match=r"aten::from_file is refused: reads the file the model names"):
         opforge.ort_session(model.SerializeToString())
 
 
@@ -69,9 +69,9 @@ def test_a_trusted_model_opts_in_by_name(tmp_path):
     model = _from_file_model(str(path), size=4)
     (got,) = opforge.ort_session(model, allow_aten={"from_file"}).run(None, {})
     np.testing.assert_array_equal(got, data)
-    (got,) = _plain_session(model, **{aten_policy.ALLOW_CONFIG_KEY: "cummax, aten::from_file"}).run(None, {})
+    (got,) = _plain_session(model, **{policy.ALLOW_CONFIG_KEY: "cummax, aten::from_file"}).run(None, {})
     np.testing.assert_array_equal(got, data)
-    (got,) = _plain_session(model, **{aten_policy.ALLOW_CONFIG_KEY: "*"}).run(None, {})
+    (got,) = _plain_session(model, **{policy.ALLOW_CONFIG_KEY: "*"}).run(None, {})
     np.testing.assert_array_equal(got, data)
     # the opt-in belongs to the session it was given to, not to the process
     with pytest.raises(Exception, match="aten::from_file is refused"):
@@ -135,18 +135,18 @@ def test_dangerous_operators_are_refused_by_the_library_at_session_creation(oper
                          ids=[o for o, _, w in DANGEROUS if "writes" not in w])
 def test_dangerous_operators_are_refused_by_opforge_before_anything_runs(operator, overload, why):
     model = aten_model(operator, overload, [("x", TensorProto.FLOAT)])
-    with pytest.raises(aten_policy.AtenOpRefused, match=f"aten::{operator} is refused: .*{why}"):
+    with pytest.raises(policy.AtenOpRefused, match=f"aten::{operator} is refused: .*{why}"):
         opforge.ort_session(model)
-    with pytest.raises(aten_policy.AtenOpRefused):
-        aten_fallback.prepare(model)
+    with pytest.raises(policy.AtenOpRefused):
+        fallback.prepare(model)
 
 
 def test_the_export_of_a_refused_operator_fails_unless_allowed():
     model = Lambda(torch.poisson)  # no ONNX translation: an ATen node
     x = torch.zeros(2, 3)
-    with pytest.raises(aten_policy.AtenOpRefused, match="aten::poisson is refused: draws from"):
+    with pytest.raises(policy.AtenOpRefused, match="aten::poisson is refused: draws from"):
         opforge.export(model, (x,), dynamo=False, aten_fallback=True, opset_version=17, input_names=["x"])
-    with pytest.warns(aten_fallback.AtenFallbackWarning, match="poisson"):
+    with pytest.warns(fallback.AtenFallbackWarning, match="poisson"):
         proto = opforge.export(model, (x,), dynamo=False, aten_fallback=True, opset_version=17, input_names=["x"],
                                allow_aten={"poisson"})
     (got,) = opforge.ort_session(proto, allow_aten=["poisson"]).run(None, {"x": np.zeros((2, 3), np.float32)})
@@ -156,16 +156,16 @@ def test_the_export_of_a_refused_operator_fails_unless_allowed():
 # ---- the committed list -------------------------------------------------------------------
 
 def test_the_committed_list_is_what_the_rules_give_over_this_torch():
-    """aten_policy.inc is generated from aten_policy's rules; a torch that adds or changes
+    """policy.inc is generated from aten_policy's rules; a torch that adds or changes
     operators makes this fail, so the new ones are reviewed (regenerate with --write)."""
-    allowed, refused = aten_policy.generate()
-    assert aten_policy.POLICY_FILE.read_text() == aten_policy.render(allowed, refused)
-    assert set(allowed) == aten_policy.committed()[0]
+    allowed, refused = policy.generate()
+    assert policy.POLICY_FILE.read_text() == policy.render(allowed, refused)
+    assert set(allowed) == policy.committed()[0]
 
 
 def test_every_allowed_operator_is_functional_and_draws_no_random_numbers():
-    ops = aten_policy._dispatcher_ops()
-    allowed, refused = aten_policy.committed()
+    ops = policy._dispatcher_ops()
+    allowed, refused = policy.committed()
     assert not allowed & set(refused)
     for name in allowed:
         packet = getattr(torch.ops.aten, name)
@@ -187,10 +187,10 @@ COVERAGE_REFUSED = {
 
 
 def test_every_op_of_the_coverage_table_runs_or_is_refused_with_a_reason():
-    coverage = json.loads((aten_policy.POLICY_FILE.parents[2] / "symbolics" / "aten_coverage.json").read_text())
+    coverage = json.loads((policy.POLICY_FILE.parents[1] / "coverage.json").read_text())
     counted = set().union(*(set(v) for k, v in coverage.items() if k.isdigit()))
-    allowed, refused = aten_policy.committed()
-    dispatcher = set(aten_policy._dispatcher_ops())
+    allowed, refused = policy.committed()
+    dispatcher = set(policy._dispatcher_ops())
     counted &= dispatcher  # aten::tensor is TorchScript's, not the dispatcher's
     assert counted - allowed == COVERAGE_REFUSED
     assert all(name in refused for name in COVERAGE_REFUSED)
@@ -200,12 +200,12 @@ def test_every_op_of_the_coverage_table_runs_or_is_refused_with_a_reason():
 # ---- sizes a model asks for ---------------------------------------------------------------
 
 def _zeros_model(size_name="size") -> onnx.ModelProto:
-    node = helper.make_node("ATen", ["size"], ["y"], domain=aten_fallback.ATEN_DOMAIN, operator="zeros",
+    node = helper.make_node("ATen", ["size"], ["y"], domain=fallback.ATEN_DOMAIN, operator="zeros",
                             overload_name="")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("size", TensorProto.INT64, [None])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(aten_fallback.ATEN_DOMAIN, 1)])
+                                                   helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
 
 
 def test_a_model_cannot_demand_terabytes():
@@ -251,7 +251,7 @@ def test_arange_extent_is_bounded():
 
 
 def test_the_size_bound_is_a_session_setting():
-    key = aten_policy.MAX_ELEMENTS_CONFIG_KEY
+    key = policy.MAX_ELEMENTS_CONFIG_KEY
     sess = _plain_session(_zeros_model(), **{key: "10"})
     np.testing.assert_array_equal(sess.run(None, {"size": np.array([2, 5])})[0], np.zeros((2, 5), np.float32))
     with pytest.raises(Exception, match=f"asks for 12 elements, more than this node may make \\(10, set by '{key}'"):

@@ -8,8 +8,7 @@ import sys
 import pytest
 import torch
 
-from opforge import coverage
-from opforge.symbolics import aten_bridge, aten_rules, aten_samples
+from opforge.aten import bridge, coverage, rules, samples
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +38,17 @@ def test_a_call_torchs_own_rule_refuses_counts_in_neither_column(measured):
     # not divide the input; a threshold other than 0) and the bridge needs opset 11 for it
     for name in ["adaptive_avg_pool1d", "threshold"]:
         for o in (9, 10):
-            assert aten_rules.has_torch_rule(name, o), (name, o)
+            assert rules.has_torch_rule(name, o), (name, o)
             assert name not in measured.torch_only[o] and name not in measured.with_opforge[o], (name, o)
             why = measured.refused[(name, o)]
-            assert why.startswith("Unsupported: ONNX export of operator") and aten_bridge.BRIDGE_REFUSED_TOO in why
+            assert why.startswith("Unsupported: ONNX export of operator") and bridge.BRIDGE_REFUSED_TOO in why
         # from 11 the bridge takes the call torch's rule refuses
         assert all(name in measured.with_opforge[o] for o in range(11, 21)), name
 
 
 def test_every_not_covered_op_has_a_reason(measured):
     assert all(why for why in measured.not_covered.values())
-    assert measured.not_covered["allclose"] == aten_samples.NOT_BRIDGED["allclose"]
+    assert measured.not_covered["allclose"] == samples.NOT_BRIDGED["allclose"]
     assert "Python bool" in measured.not_covered["allclose"]
     # from opset 11 only what ONNX cannot express is left
     assert set(measured.not_covered) == {"allclose", "equal", "is_nonzero", "bitwise_and", "bitwise_xor"}
@@ -84,10 +83,10 @@ def test_ops_dynamo_reaches_only_through_decompositions_are_counted_and_covered(
     for name, first_torch in [("hstack", 11), ("tensordot", 12), ("tensor_split", 13)]:
         assert min(o for o in measured.opsets if name in measured.torch_only[o]) == first_torch
         assert all(name in measured.with_opforge[o] for o in range(9, 21)), name
-    assert not set(aten_samples.NEITHER_EXPORTER) & measured.dynamo
+    assert not set(samples.NEITHER_EXPORTER) & measured.dynamo
     # aliases are counted as the op the tracer records; conj alone is also a torchlib name, and
     # is covered where _conj is (torch's rule, which sends complex calls to the bridge)
-    assert set(aten_samples.TRACED_AS) & measured.dynamo == {"conj"}
+    assert set(samples.TRACED_AS) & measured.dynamo == {"conj"}
     assert all("conj" in measured.with_opforge[o] for o in measured.opsets)
 
 
@@ -101,7 +100,7 @@ def test_complex_ops_are_counted_and_covered(measured):
 
 @pytest.mark.parametrize("name", coverage.NOT_IN_DYNAMO)
 def test_ops_counted_beyond_dynamo_really_fail_in_dynamo(name):
-    sample = aten_samples.SAMPLES[name]
+    sample = samples.SAMPLES[name]
     with pytest.raises(Exception):
         torch.onnx.export(sample.module(), sample.inputs(torch.float32), io.BytesIO(), dynamo=True, verbose=False)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.diagnosis import classify
+from opforge.aten.diagnosis import classify
 
 
 @torch.library.custom_op("opforge_test::scale", mutates_args=())
@@ -75,10 +75,10 @@ def test_op_declared_in_cpp_without_spec_is_recognised():
     such, not as a generic custom op to write."""
     lib = torch.library.Library("opforge_diag_test", "DEF")  # declared, no spec
     lib.define("lonely(Tensor x) -> Tensor")
-    d = opforge.diagnosis.classify("opforge_diag_test::lonely", 18)
+    d = opforge.aten.diagnosis.classify("opforge_diag_test::lonely", 18)
     assert d.way == "custom op" and "no opforge spec is registered" in d.advice and "register_op" in d.advice
-    assert "no opforge spec" not in opforge.diagnosis.classify("mylib::never_declared", 18).advice
-    assert "no opforge spec" not in opforge.diagnosis.classify("opforge::my_add", 18).advice
+    assert "no opforge spec" not in opforge.aten.diagnosis.classify("mylib::never_declared", 18).advice
+    assert "no opforge spec" not in opforge.aten.diagnosis.classify("opforge::my_add", 18).advice
 
 
 def test_diagnose_knows_the_bridge_coverage():

@@ -14,7 +14,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opforge
-from opforge.symbolics import aten_fallback
+from opforge.aten import fallback
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
 
 from helpers import scratch_venv
@@ -290,13 +290,13 @@ def test_mixed_model_runs_in_one_ort_session_with_no_manual_registration(dynamo)
     kw = (dict(dynamic_shapes=({0: torch.export.Dim("B")}, {0: torch.export.Dim("B")})) if dynamo
           else dict(dynamic_axes={"x": {0: "B"}, "lengths": {0: "B"}}, opset_version=17))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", aten_fallback.AtenFallbackWarning)
+        warnings.simplefilter("ignore", fallback.AtenFallbackWarning)
         main = opforge.export(model, (x, lengths), dynamo=dynamo, aten_fallback=True, input_names=["x", "lengths"],
                               **kw)
     mixed = _prepend_string_lengths(main)
     onnx.checker.check_model(mixed)
     domains = {n.domain for n in mixed.graph.node}
-    assert {"ai.onnx.contrib", "opforge", aten_fallback.ATEN_DOMAIN, DOMAIN} <= domains, domains
+    assert {"ai.onnx.contrib", "opforge", fallback.ATEN_DOMAIN, DOMAIN} <= domains, domains
     assert opforge.ort_kernels.custom_ops(mixed)["ai.onnx.contrib"] == ["ai.onnx.contrib::StringLength"]
 
     texts = ["a", "opforge", "", "onnx runtime", "xyz"]  # batch 5, exported at 2

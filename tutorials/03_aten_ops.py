@@ -56,7 +56,7 @@ for dynamo in (False, True):
                                dynamic_axes=None if dynamo else {"x": {0: "n"}},
                                dynamic_shapes=({0: torch.export.Dim("n")},) if dynamo else None)
     name = "dynamo" if dynamo else "TorchScript"
-    report = [str(w.message) for w in caught if issubclass(w.category, opforge.symbolics.aten_fallback.AtenFallbackWarning)]
+    report = [str(w.message) for w in caught if issubclass(w.category, opforge.aten.AtenFallbackWarning)]
     print(f"3. {name}: {report[-1]}")
     # ORT needs libopforge_aten for the ATen nodes (opforge.ort_session registers it by itself):
     so = ort.SessionOptions()

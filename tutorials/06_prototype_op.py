@@ -26,7 +26,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opforge
-from opforge.symbolics.aten_fallback import AtenFallbackWarning
+from opforge.aten import AtenFallbackWarning
 from opforge.testing import BadSample, Sample, check_op
 
 

@@ -254,21 +254,21 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     ``g.at(...)`` symbolics with typed scalar attributes and no overload name) made runnable:
     overloads resolved, outputs typed (ONNX Runtime cannot infer them). The model is left as it is
     when it needs nothing. An operator outside libopforge_aten's allowed set (and ``allow_aten``)
-    is refused here, before any of the model is run (:mod:`opforge.symbolics.aten_policy`)."""
-    from ..symbolics import aten_fallback, aten_policy
+    is refused here, before any of the model is run (:mod:`opforge.aten.policy`)."""
+    from ..aten import fallback, policy
 
     operators = [n.attribute for n in _graph_nodes(proto.graph) if n.domain == ATEN_DOMAIN and n.op_type == "ATen"]
-    aten_policy.check((a.s.decode() for attrs in operators for a in attrs if a.name == "operator"), allow_aten)
+    policy.check((a.s.decode() for attrs in operators for a in attrs if a.name == "operator"), allow_aten)
     if isinstance(data, str) and any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer):
         return data, proto  # rewritten bytes would lose the path its external data is relative to
     prepared = onnx.ModelProto()
     prepared.CopyFrom(proto)
     try:
-        prepared, _ = aten_fallback.prepare(prepared, allow_aten)
-    except aten_policy.AtenOpRefused:
+        prepared, _ = fallback.prepare(prepared, allow_aten)
+    except policy.AtenOpRefused:
         raise
     except ValueError:
-        if aten_fallback.has_scalar_attrs(proto):
+        if fallback.has_scalar_attrs(proto):
             raise  # only opforge can read these nodes: its error says what does not bind
         return data, proto  # libopforge_aten names what is wrong (unknown operator, ...), as without opforge
     serialized = prepared.SerializeToString()
@@ -337,23 +337,23 @@ def _audit(domain: str, path: str, used: Sequence[str]) -> None:
 def _allow_aten_in(so, allow_aten) -> None:
     """Writes ``allow_aten`` into the session config entry libopforge_aten reads when it is
     registered (merged with one the caller set); an error if the library is registered already."""
-    from ..symbolics import aten_policy
+    from ..aten import policy
 
-    allow = aten_policy.parse_allow(allow_aten)
+    allow = policy.parse_allow(allow_aten)
     if not allow:
         return
     try:
-        given = so.get_session_config_entry(aten_policy.ALLOW_CONFIG_KEY)
+        given = so.get_session_config_entry(policy.ALLOW_CONFIG_KEY)
     except Exception:  # noqa: BLE001 - ORT raises a bare RuntimeError for a missing key
         given = ""
-    merged = allow | aten_policy.parse_allow(given)
-    if merged == aten_policy.parse_allow(given):
+    merged = allow | policy.parse_allow(given)
+    if merged == policy.parse_allow(given):
         return
     if _has_domain(so, ATEN_DOMAIN):
         raise ValueError("opforge.ort_session: allow_aten must be set before libopforge_aten is registered, and "
                          "these SessionOptions have it already; pass fresh options, or set the session config entry "
-                         f"{aten_policy.ALLOW_CONFIG_KEY!r} before registering the library")
-    so.add_session_config_entry(aten_policy.ALLOW_CONFIG_KEY, ",".join(sorted(merged)))
+                         f"{policy.ALLOW_CONFIG_KEY!r} before registering the library")
+    so.add_session_config_entry(policy.ALLOW_CONFIG_KEY, ",".join(sorted(merged)))
 
 
 def _register_libraries(so, domains, used: Sequence[str] = (), allow_aten=None) -> list[str]:
@@ -406,7 +406,7 @@ def ort_session(
     their errors, which onnxruntime-extensions cannot report itself.
 
     A model is data: libopforge_aten runs only a vetted set of ATen operators (pure tensor math;
-    :mod:`opforge.symbolics.aten_policy`) and a model naming another is refused here, before it
+    :mod:`opforge.aten.policy`) and a model naming another is refused here, before it
     runs. ``allow_aten={"bernoulli", ...}`` (or ``"*"``) opts a model you trust in; it becomes the
     session config entry ``opforge.aten.allow``, which plain ONNX Runtime users set themselves.
     """

@@ -111,7 +111,7 @@ def _gaps(opsets, dtype) -> frozenset:
 
 
 #: Antialiased Resize is opset 18, and ORT's has no double kernel. Below 18 opforge writes two
-#: MatMuls (aten_lowerings), which ORT runs in double too.
+#: MatMuls (lowerings), which ORT runs in double too.
 _RESIZE_AA_GAPS = _gaps((18, 19, 20), torch.float64)
 # index_add's rows, row 0 twice (the case torch's own rule gets wrong); made here, not inside the
 # traced sample, where torch.tensor makes the tracer warn that it freezes a constant
@@ -180,7 +180,7 @@ SAMPLES: dict[str, Sample] = {
                              lambda dt: (_real(dt, 3, 4), torch.tensor([[0], [3], [1]])), float_only=False),
     # torch has rules for these from a later opset; below it the bridge lowers them: torch's
     # decompositions of the op (tril/triu via a Range mask, not Trilu-14; einsum via MatMul,
-    # not Einsum-12; ...) or opforge's compositions (aten_lowerings).
+    # not Einsum-12; ...) or opforge's compositions (lowerings).
     "tril": Sample(lambda x: torch.tril(x, -1), lambda dt: (_real(dt, 3, 4),)),
     "triu": Sample(lambda x: torch.triu(x, 1), lambda dt: (_real(dt, 3, 4),)),
     "tile": Sample(lambda x: torch.tile(x, (2, 3)), lambda dt: (_real(dt, 3, 4),)),
@@ -267,7 +267,7 @@ SAMPLES: dict[str, Sample] = {
     "special_entr": _unary(torch.special.entr),
     "special_ndtr": _unary(torch.special.ndtr, ort_gaps=frozenset({(None, torch.float64)})),  # ORT: no double Erf
     # dynamo's translations of these two are wrong (NaN at -inf / +inf, precision lost in the
-    # tails): opforge's curated compositions (aten_bridge.CURATED)
+    # tails): opforge's curated compositions (compositions.CURATED)
     "special_log_ndtr": _unary(torch.special.log_ndtr,
                                inputs=lambda dt: (torch.cat([_edge(dt), _real(dt, 3, 4, lo=-30, hi=12)], 1),)),
     "special_erfcx": _unary(torch.special.erfcx,

@@ -5,14 +5,14 @@ dispatcher, and libopforge_aten would call it with the model's arguments: a five
 with ``ATen(operator="from_file", filename="/etc/passwd")`` would read the machine's files.
 So libopforge_aten runs only a vetted set: the public, functional ATen operators that compute
 on the tensors they are given (what opforge's exporters emit, and pure tensor math), listed in
-``ort_kernels/aten_csrc/aten_policy.inc``, which the C++ library compiles in and this module
+``aten/csrc/aten_policy.inc``, which the C++ library compiles in and this module
 reads. Everything else is refused when the session is created, with an error naming the op, why,
 and how to allow it.
 
 The list is generated from the rules below (:func:`decide`) over torch's dispatcher and
 committed; ``tests/test_aten_policy.py`` fails when torch's operators and the committed list
 part ways, so a torch upgrade is reviewed, not silently trusted. Regenerate with
-``python -m opforge.symbolics.aten_policy --write``.
+``python -m opforge.aten.policy --write``.
 
 Refused, first rule that matches (each with the reason the error gives):
 
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 #: The list libopforge_aten compiles in (X-macros, one op per line).
-POLICY_FILE = Path(__file__).resolve().parent.parent / "ort_kernels" / "aten_csrc" / "aten_policy.inc"
-#: Session config keys libopforge_aten reads when it is registered (aten_csrc/aten_op.cc).
+POLICY_FILE = Path(__file__).resolve().parent / "csrc" / "aten_policy.inc"
+#: Session config keys libopforge_aten reads when it is registered (csrc/aten_op.cc).
 ALLOW_CONFIG_KEY = "opforge.aten.allow"
 MAX_ELEMENTS_CONFIG_KEY = "opforge.aten.max_elements"
 
@@ -140,8 +140,8 @@ def render(allowed: Iterable[str], refused: dict[str, str]) -> str:
 
     lines = [
         "// The ATen operators libopforge_aten runs by default, and those it refuses with a reason.",
-        f"// Generated from the rules in opforge/symbolics/aten_policy.py over torch {torch.__version__}'s",
-        "// dispatcher by `python -m opforge.symbolics.aten_policy --write`; review changes like code.",
+        f"// Generated from the rules in opforge/aten/policy.py over torch {torch.__version__}'s",
+        "// dispatcher by `python -m opforge.aten.policy --write`; review changes like code.",
         "// Operators in neither list (private ones) are refused as not vetted.",
         "// OPFORGE_ATEN_ALLOW(name) / OPFORGE_ATEN_REFUSE(name, reason): define both before including.",
     ]
@@ -207,7 +207,7 @@ def check(ops: Iterable[str], allow=None) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opforge.symbolics.aten_policy",
+    parser = argparse.ArgumentParser(prog="python -m opforge.aten.policy",
                                      description="Regenerate or check libopforge_aten's allowed-op list.")
     parser.add_argument("--write", action="store_true", help=f"rewrite {POLICY_FILE.name} (then rebuild)")
     args = parser.parse_args(argv)

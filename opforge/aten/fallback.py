@@ -28,10 +28,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnx.defs import OpSchema
 
-from . import aten_policy
+from . import policy
 
 ATEN_DOMAIN = "org.pytorch.aten"
-NONE_INPUT = "opforge_aten_none"  # must match aten_csrc/aten_op.cc: kNoneInput
+NONE_INPUT = "opforge_aten_none"  # must match csrc/aten_op.cc: kNoneInput
 
 
 class AtenFallbackWarning(UserWarning):
@@ -363,14 +363,14 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
     """Normalises ATen nodes for ONNX Runtime (see module doc). Returns the model and the
     sorted list of ATen ops it contains (``["aten::cummax", ...]``).
 
-    An operator libopforge_aten would refuse (:mod:`aten_policy`) raises
-    :class:`~opforge.symbolics.aten_policy.AtenOpRefused` first, before anything of the model is
+    An operator libopforge_aten would refuse (:mod:`.policy`) raises
+    :class:`~opforge.aten.policy.AtenOpRefused` first, before anything of the model is
     run, unless ``allow_aten`` names it."""
     g = model.graph
     aten_nodes = [n for n in g.node if n.op_type == "ATen" and n.domain == ATEN_DOMAIN]
     if not aten_nodes:
         return model, []
-    aten_policy.check((_node_op(n)[0] for n in aten_nodes), allow_aten)
+    policy.check((_node_op(n)[0] for n in aten_nodes), allow_aten)
     register_schema()
     # The dynamo exporter cannot type multi-output custom nodes and leaves type-less
     # value_info behind (invalid ONNX); drop those, the types are filled in below.

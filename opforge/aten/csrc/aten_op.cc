@@ -18,7 +18,7 @@
 // A model is data, not code: a node may name any operator of libtorch's
 // dispatcher, so the kernel is default-deny. It runs only the operators of
 // aten_policy.inc (public, functional, pure tensor math; generated and reviewed
-// from the rules in opforge/symbolics/aten_policy.py) and refuses the rest when
+// from the rules in opforge/aten/policy.py) and refuses the rest when
 // the session is created, naming the op and how to allow it. The session config
 // entry "opforge.aten.allow" (comma-separated names, or "*"), read when the
 // library is registered, opts a trusted model in. Sizes the model asks for
@@ -69,7 +69,7 @@ namespace {
 constexpr const char* kAtenDomain = "org.pytorch.aten";
 // ORT does not allow absent ("") entries inside a variadic input list, so
 // opforge's export feeds this (empty) initializer where an argument is None;
-// the kernel recognises it by name. Must match opforge/symbolics/aten_fallback.py.
+// the kernel recognises it by name. Must match opforge/aten/fallback.py.
 constexpr const char* kNoneInput = "opforge_aten_none";
 
 Ort::Status error(const std::string& msg, OrtErrorCode code = ORT_INVALID_ARGUMENT) {
@@ -78,7 +78,7 @@ Ort::Status error(const std::string& msg, OrtErrorCode code = ORT_INVALID_ARGUME
 
 // ---- which operators a model may run (see the file comment) ----------------------------
 
-// Session config keys, read at registration; must match opforge/symbolics/aten_policy.py.
+// Session config keys, read at registration; must match opforge/aten/policy.py.
 constexpr const char* kAllowKey = "opforge.aten.allow";
 constexpr const char* kMaxElementsKey = "opforge.aten.max_elements";
 

@@ -1,6 +1,6 @@
 """Compositions for opsets below the ONNX op that dynamo's translation of an ATen op needs.
 
-The bridge (:mod:`.aten_bridge`) tries torchlib's direct translation first, then torch's own
+The bridge (:mod:`.bridge`, :mod:`.translation`) tries torchlib's direct translation first, then torch's own
 decompositions of the op. Where all of them still need a newer ONNX op than the target opset
 has (ScatterElements with a reduction: 16; Col2Im: 18; per-axis QuantizeLinear: 13; Resize
 with antialias: 18), the op is rewritten here in torch ops that older opsets do have, and that
@@ -8,10 +8,10 @@ rewrite goes through the same pipeline. They are used only at the opsets where n
 lowers, and the round-trip tests hold each to torch's values.
 
 Each entry of :data:`LOWERINGS` is a factory: ``factory(call) -> fn``, called eagerly (outside
-tracing) with the :class:`~.aten_bridge.Call`, so it can precompute constants from the call's
+tracing) with the :class:`~.binding.Call`, so it can precompute constants from the call's
 static sizes; ``fn`` takes the call's arguments like the ATen op does.
 
-Two compositions here are used at *every* opset instead (``aten_bridge.CURATED``), because
+Two compositions here are used at *every* opset instead (``compositions.CURATED``), because
 dynamo's own translation is wrong: :func:`scatter_reduce_one_hot` and
 :func:`cross_entropy_one_hot_smoothing`.
 """
@@ -24,10 +24,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .errors import BridgeError
+
 
 def _error(call, why: str):
-    from .aten_bridge import BridgeError
-
     return BridgeError(f"{call.overload}: {why}")
 
 
@@ -68,7 +68,7 @@ def _col2im(call) -> Callable:
 # --------------------------------------------------------------------------------------------
 # scatter_reduce: a one-hot match of each index against the positions along `dim`, then a
 # plain reduction over the scattered elements. Memory is index.numel() x self.size(dim).
-# The bridge uses it at every opset it covers (see aten_bridge.CURATED): below 16 ONNX has no
+# The bridge uses it at every opset it covers (see compositions.CURATED): below 16 ONNX has no
 # ScatterElements reduction, and dynamo's translation is wrong for reduce="mean" (it scatters
 # without reducing), ignores include_self=False and needs index and src of one shape.
 
@@ -118,7 +118,7 @@ def scatter_reduce_one_hot(self, dim, index, src, reduce, include_self=True):
 # --------------------------------------------------------------------------------------------
 # cross_entropy with label smoothing or class probabilities. dynamo's translation writes ONNX
 # SoftmaxCrossEntropyLoss and drops label_smoothing (a silent wrong answer, measured on torch
-# 2.14), so the bridge uses it (see aten_bridge.CURATED): log_softmax, then the loss written
+# 2.14), so the bridge uses it (see compositions.CURATED): log_softmax, then the loss written
 # out, label smoothing as torch defines it (the uniform share weighted like the targets).
 
 

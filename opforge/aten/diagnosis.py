@@ -7,7 +7,7 @@ exporter cannot translate,
 2. does standard ONNX have an equivalent at this opset?
 3. so which way:
    * **symbolic**      — ATen op with an ONNX equivalent: a symbolic maps it (opforge ships
-                         the ones torch lacks: :mod:`opforge.symbolics.aten_rules`);
+                         the ones torch lacks: :mod:`opforge.aten.rules`);
    * **ATen fallback** — ATen op without an ONNX equivalent: ``opforge.export(...,
                          aten_fallback=True)`` + ``libopforge_aten`` in ONNX Runtime;
    * **custom op**     — not an ATen op: give it an ONNX custom-domain op and an ORT kernel
@@ -28,7 +28,7 @@ from typing import Optional
 import onnx
 import torch
 
-from .spec import TORCHSCRIPT_OPSETS
+from ..spec import TORCHSCRIPT_OPSETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def onnx_equivalent(aten_name: str) -> Optional[tuple[str, int]]:
 
 
 def _declared_without_spec(namespace: str, name: str) -> bool:
-    from .registration import spec_of
+    from ..registration import spec_of
 
     if spec_of(f"{namespace}::{name}") is not None:
         return False
@@ -98,14 +98,14 @@ def bridge_coverage() -> dict:
     import json
 
     from .coverage import SNAPSHOT
-    from .symbolics.aten_samples import SAMPLES
+    from .samples import SAMPLES
 
     snapshot = json.loads(SNAPSHOT.read_text())
     return {name: sorted(int(o) for o, ops in snapshot.items() if name in ops) for name in SAMPLES}
 
 
 def classify(op: str, opset: int) -> OpDiagnosis:
-    from .symbolics import aten_rules
+    from . import rules
 
     namespace, _, rest = op.partition("::")
     name = rest.split(".")[0]
@@ -119,7 +119,7 @@ def classify(op: str, opset: int) -> OpDiagnosis:
                            "define it as an ONNX custom-domain op with an ORT kernel (an opforge OpSpec + "
                            "compute core), or write a symbolic that composes standard ONNX ops; for "
                            "torchvision::deform_conv2d, `import opforge` already does")
-    ruled = {r.aten: r for r in aten_rules.RULES}
+    ruled = {r.aten: r for r in rules.RULES}
     bridged = bridge_coverage().get(name)
     if bridged:
         first = bridged[0]
@@ -138,7 +138,7 @@ def classify(op: str, opset: int) -> OpDiagnosis:
             where += f"; below opset {rule.since} it takes bool tensors only"
         return OpDiagnosis(op, True, f"{rule.onnx} (opset {rule.since}+)", "symbolic",
                            where + ("" if opset >= rule.since else f"; raise the opset to {rule.since} or more"))
-    if eq is not None and name not in aten_rules.NOT_RULED:
+    if eq is not None and name not in rules.NOT_RULED:
         onnx_name, since = eq
         if opset >= since:
             return OpDiagnosis(op, True, f"{onnx_name} (opset {since}+)", "symbolic",
@@ -146,9 +146,9 @@ def classify(op: str, opset: int) -> OpDiagnosis:
                                f"(torch.onnx.register_custom_op_symbolic('aten::{name}', fn, opset))")
         return OpDiagnosis(op, True, f"{onnx_name} (opset {since}+)", "symbolic",
                            f"export at opset {since} or more, or use aten_fallback=True at opset {opset}")
-    from .symbolics import aten_policy
+    from . import policy
 
-    refused = aten_policy.committed()[1].get(name)
+    refused = policy.committed()[1].get(name)
     if refused is not None:  # the fallback would export it, but libopforge_aten refuses it by default
         return OpDiagnosis(op, True, None, "ATen fallback",
                            f"libopforge_aten refuses it by default ({refused}): export with "
@@ -174,13 +174,13 @@ def complex_input_diagnosis(op: str, opset: int) -> OpDiagnosis:
 def _torchscript_complex_misreads(graph, opset) -> list[str]:
     # What the bridge refuses at export: an op that would read a complex value's real pair
     # as a plain tensor.
-    from .symbolics import aten_bridge
+    from . import binding, bridge
 
     found = []
     for node in graph.nodes():
         kind = node.kind()
-        if (kind.startswith("aten::") and kind not in found and any(aten_bridge._is_complex(v) for v in node.inputs())
-                and not aten_bridge.handles_complex(kind, opset)):
+        if (kind.startswith("aten::") and kind not in found and any(binding.is_complex(v) for v in node.inputs())
+                and not bridge.handles_complex(kind, opset)):
             found.append(kind)
     return found
 
@@ -206,11 +206,12 @@ def _torchscript_unsupported(model, args, opset) -> tuple[list[str], list[str]]:
 
 
 def _dynamo_unsupported(model, args, kwargs, dynamic_shapes) -> list[str]:
-    from .symbolics import aten_fallback, dynamo
+    from ..symbolics import dynamo
+    from . import fallback
 
     exported = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(
         model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
-    _, ops, others = aten_fallback.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
+    _, ops, others = fallback.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
     names = []
     for op in [*ops, *others]:
         s = op._schema
@@ -222,8 +223,7 @@ def diagnose(model, args: tuple, *, dynamo: bool = False, opset_version: Optiona
              kwargs: Optional[dict] = None, dynamic_shapes=None) -> Diagnosis:
     """Lists every op of ``model(*args)`` the chosen exporter cannot translate (with opforge's
     rules registered), each with the way to export it."""
-    import opforge  # noqa: F401  (rules registered)
-
+    # (opforge's rules are registered: importing this module imported opforge first)
     if not isinstance(args, tuple):
         args = (args,)
     if dynamo:

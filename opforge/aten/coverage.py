@@ -7,7 +7,7 @@
   sample really exports at that opset (``torch.onnx.export(..., dynamo=False)`` is run).
 
 ``opforge coverage`` prints it; ``tests/test_coverage.py`` fails if an op covered in the
-committed snapshot (``symbolics/aten_coverage.json``) stops being covered.
+committed snapshot (``aten/coverage.json``) stops being covered.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Callable, Optional
 
 import torch
 
-from .spec import TORCHSCRIPT_OPSETS
+from ..spec import TORCHSCRIPT_OPSETS
 
-SNAPSHOT = Path(__file__).parent / "symbolics" / "aten_coverage.json"
+SNAPSHOT = Path(__file__).parent / "coverage.json"
 
 
 @dataclasses.dataclass
@@ -53,10 +53,10 @@ class Coverage:
 
 
 def _torchlib_names() -> set:
-    from .symbolics import aten_bridge
+    from .translation import torchlib_registry
 
     names = set()
-    for key in aten_bridge.torchlib_registry().functions:
+    for key in torchlib_registry().functions:
         schema = getattr(key, "_schema", None)
         name = schema.name if schema is not None else (key if isinstance(key, str) else "")
         if name.startswith("aten::"):
@@ -66,7 +66,7 @@ def _torchlib_names() -> set:
 
 def _exports(name: str, opset: int) -> Optional[str]:
     """None if the op's sample exports at ``opset`` with dynamo=False, else the reason."""
-    from .symbolics.aten_samples import SAMPLES
+    from .samples import SAMPLES
 
     sample = SAMPLES[name]
     inputs = sample.inputs(torch.float32 if sample.float_only else torch.int64)
@@ -101,29 +101,28 @@ NOT_IN_DYNAMO = ("hypot", "copysign", "fmax", "fmin", "pdist", "fft_ihfft2", "ff
 
 
 def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]] = None) -> Coverage:
-    import opforge  # noqa: F401  (rules registered)
+    # (opforge's rules are registered: importing this module imported opforge first)
+    from . import bridge, rules, samples
 
-    from .symbolics import aten_bridge, aten_rules, aten_samples
-
-    internal = dict(aten_samples.INTERNAL)
-    samples = aten_samples.SAMPLES
+    internal = dict(samples.INTERNAL)
+    sampled = samples.SAMPLES
     dynamo = {n for n in _torchlib_names() if n not in internal and not n.startswith("_")}
-    dynamo |= {n for n in samples if n not in NOT_IN_DYNAMO}
+    dynamo |= {n for n in sampled if n not in NOT_IN_DYNAMO}
     # Ops dynamo handles only through torch's decompositions are not torchlib names: the sampled
     # ones, and those opforge does not bridge (complex FFTs), count too.
-    dynamo |= {n for n, why in aten_samples.NOT_BRIDGED.items() if "dynamo cannot" not in why}
-    dynamo -= {n for n, why in aten_samples.NOT_BRIDGED.items() if "dynamo cannot" in why}
-    ruled = {r.aten: r for r in aten_rules.RULES}
+    dynamo |= {n for n, why in samples.NOT_BRIDGED.items() if "dynamo cannot" not in why}
+    dynamo -= {n for n, why in samples.NOT_BRIDGED.items() if "dynamo cannot" in why}
+    ruled = {r.aten: r for r in rules.RULES}
     torch_only, with_opforge, refused = {}, {}, {}
     for opset in opsets:
-        torch_only[opset] = {n for n in dynamo | set(samples) if aten_rules.has_torch_rule(n, opset)}
+        torch_only[opset] = {n for n in dynamo | set(sampled) if rules.has_torch_rule(n, opset)}
         # A sampled op that torch has a rule for is sampled because torch's rule refuses or
         # mis-exports that call (index_add, threshold != 0, ...): the export decides.
-        covered = set(torch_only[opset]) - set(samples)
+        covered = set(torch_only[opset]) - set(sampled)
         # A rule counts from the opset where it takes every dtype (bitwise_xor's is registered
         # from 9 for bool tensors, but integers need opset 18).
         covered |= {n for n, r in ruled.items() if opset in r.opsets and opset >= r.since}
-        for name in sorted(set(samples) - covered):
+        for name in sorted(set(sampled) - covered):
             if progress:
                 progress(f"opset {opset}: {name}")
             why = _exports(name, opset)
@@ -134,20 +133,20 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
                 # The bridge runs only after torch's own rule refused the call (adaptive_avg_pool1d
                 # to a size that does not divide the input at 9-10): torch alone cannot export it
                 # either, so neither column counts the op there.
-                if aten_bridge.BRIDGE_REFUSED_TOO in why:
+                if bridge.BRIDGE_REFUSED_TOO in why:
                     torch_only[opset].discard(name)
         # An alias dynamo lists (conj) is covered where every op the tracer records for it is
         # (conj: _conj, torch's rule, which sends complex calls to the bridge).
-        covered |= {n for n, ops in aten_samples.TRACED_AS.items() if n in dynamo and all(
-            op in covered or aten_rules.has_torch_rule(op, opset) for op in ops.split(", "))}
+        covered |= {n for n, ops in samples.TRACED_AS.items() if n in dynamo and all(
+            op in covered or rules.has_torch_rule(op, opset) for op in ops.split(", "))}
         with_opforge[opset] = covered
     not_covered = {}
     for name in sorted(dynamo):
         if all(name in with_opforge[o] for o in opsets if o >= 11):
             continue
         first = next((o for o in opsets if name in with_opforge[o]), None)
-        if name in aten_samples.NOT_BRIDGED:
-            why = aten_samples.NOT_BRIDGED[name]
+        if name in samples.NOT_BRIDGED:
+            why = samples.NOT_BRIDGED[name]
         elif name in ruled and ruled[name].opsets[0] < ruled[name].since:
             rule = ruled[name]
             why = (f"integers from opset {rule.since} ({rule.onnx}); below, opforge exports bool tensors (from "
@@ -158,7 +157,7 @@ def measure(opsets=TORCHSCRIPT_OPSETS, progress: Optional[Callable[[str], None]]
         elif first is not None:
             why = f"from opset {first}: " + refused.get((name, first - 1), "ONNX cannot express it below")
         else:
-            why = "no opforge sample yet: the bridge is not registered for it (aten_samples.SAMPLES)"
+            why = "no opforge sample yet: the bridge is not registered for it (opforge.aten.samples.SAMPLES)"
         not_covered[name] = why
     return Coverage(list(opsets), dynamo, torch_only, with_opforge, refused, not_covered, internal)
 
@@ -171,7 +170,7 @@ def parse_opsets(text: str) -> list:
 
 
 def run(args) -> int:
-    from .symbolics import aten_samples
+    from . import samples
 
     opsets = parse_opsets(args.opsets)
     bad = [o for o in opsets if o not in TORCHSCRIPT_OPSETS]
@@ -194,7 +193,7 @@ def run(args) -> int:
                           "torchscript_with_opforge": cov.to_json(),
                           "refused": {f"{n}@{o}": why for (n, o), why in sorted(cov.refused.items())},
                           "not_covered": cov.not_covered, "internal": cov.internal,
-                          "traced_as": aten_samples.TRACED_AS, "neither_exporter": aten_samples.NEITHER_EXPORTER},
+                          "traced_as": samples.TRACED_AS, "neither_exporter": samples.NEITHER_EXPORTER},
                          indent=1))
         return 0
     print(cov.table())
@@ -217,9 +216,9 @@ def run(args) -> int:
     for n, why in sorted(cov.internal.items()):
         print(f"  {n}: {why}")
     print("\nOps torch decomposes that the tracer records as another op (that op is the one counted):")
-    print("  " + ", ".join(f"{n} -> {to}" for n, to in sorted(aten_samples.TRACED_AS.items())))
+    print("  " + ", ".join(f"{n} -> {to}" for n, to in sorted(samples.TRACED_AS.items())))
     print("\nOps torch decomposes that the dynamo exporter cannot export either (not counted; the ATen "
           "fallback exports them):")
-    for n, why in sorted(aten_samples.NEITHER_EXPORTER.items()):
+    for n, why in sorted(samples.NEITHER_EXPORTER.items()):
         print(f"  {n}: {why}")
     return 0

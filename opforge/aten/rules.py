@@ -126,17 +126,11 @@ NOT_RULED: dict[str, str] = {
 
 
 def register_all() -> None:
+    """Registers :data:`RULES` (every other op with a sample gets the bridge:
+    :func:`opforge.aten.bridge.register_all`, called right after this)."""
     for rule in RULES:
         for opset in rule.opsets:
             torch.onnx.register_custom_op_symbolic(f"aten::{rule.aten}", rule.symbolic, opset)
-    # Every other op with a sample gets the bridge: where torch has no rule of its own, and
-    # behind torch's rule where it has one (the bridge never shadows torch; it loads nothing
-    # until a bridged op is exported).
-    from . import aten_bridge, aten_samples
-
-    ruled = {r.aten for r in RULES}
-    aten_bridge.register(sorted(set(aten_samples.SAMPLES) - ruled), TORCHSCRIPT_OPSETS)
-    aten_bridge.register_complex_carriers(TORCHSCRIPT_OPSETS)
 
 
 def _torch_registry():

@@ -1,0 +1,263 @@
+"""Step 2 of the ATen bridge: the dynamo exporter's ONNX graph for one ATen call.
+
+:func:`translate` runs the call alone (a :class:`Call` from :mod:`.binding`) through the dynamo
+exporter's own pipeline (``torch.export`` -> torch's decompositions -> torchlib), in one of the
+forms of :class:`Form`, giving an opset-18 ONNX graph with functions inlined and shapes inferred.
+The op itself may be replaced by a curated composition (:mod:`.compositions`) or, in the
+``LOWERING`` form, by opforge's composition for older opsets (:mod:`.lowerings`). Results are
+cached per call and form.
+
+torchlib's registry (about a second to build) is loaded on first use only.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from typing import Callable, Optional
+
+import onnx
+import torch
+
+from . import lowerings
+from .binding import DYNAMIC_DIM_HINT, Call, TensorInfo
+from .compositions import CURATED
+from .errors import BridgeError
+
+_LOCK = threading.RLock()
+
+
+@functools.lru_cache(maxsize=1)
+def torchlib_registry():
+    """torchlib's registry (what ``dynamo=True`` translates with); built once, on first use."""
+    from torch.onnx._internal.exporter import _registration
+
+    with _LOCK:
+        return _registration.ONNXRegistry.from_torchlib()
+
+
+class _CallModule(torch.nn.Module):
+    """``forward(*tensors)`` makes the Call, with its constants baked in; ``fn`` replaces the
+    op (a curated composition, or a lowering for older opsets)."""
+
+    def __init__(self, call: Call, fn: Optional[Callable] = None):
+        super().__init__()
+        self.call = call
+        # The curated compositions are written for real tensors (angle, sgn); on complex ones
+        # dynamo's own translation is the one to use.
+        curated = None if any(i.dtype.is_complex for i in _flat_tensors(call)) else CURATED.get(call.name)
+        self.fn = fn or curated or call.op
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args = []
+        for a in self.call.args:
+            if isinstance(a, TensorInfo):
+                args.append(next(it))
+            elif isinstance(a, tuple) and a and isinstance(a[0], TensorInfo):
+                args.append([next(it) for _ in a])
+            else:
+                args.append(list(a) if isinstance(a, tuple) else a)
+        n = len(args) - len(self.call.keyword)
+        return self.fn(*args[:n], **dict(zip(self.call.keyword, args[n:])))
+
+
+def _flat_tensors(call: Call) -> list[TensorInfo]:
+    out = []
+    for a in call.args:
+        if isinstance(a, TensorInfo):
+            out.append(a)
+        elif isinstance(a, tuple) and a and isinstance(a[0], TensorInfo):
+            out.extend(a)
+    return out
+
+
+class Form(enum.IntEnum):
+    """Which form of the op :func:`translate` hands to torchlib, tried in this order.
+
+    Torchlib writes the newest ONNX op for an ATen op (Trilu, Einsum, NegativeLogLikelihoodLoss,
+    GridSample, ...). Torch's own decompositions of the op into simpler ATen ops often need
+    only older ONNX ops, which is what an opset below the newer op's needs."""
+
+    DIRECT = 0  # the op itself: torchlib's translation (fewest nodes)
+    DECOMPOSED = 1  # torch's decomposition of the op
+    CORE_ATEN = 2  # everything decomposed down to core ATen
+    DEEP = 3  # core ATen, then the ops core ATen keeps by their own decompositions
+    LOWERING = 4  # opforge's composition for older opsets (lowerings.LOWERINGS)
+
+
+def _decompose(call: Call, program, form: Form):
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    core = core_aten_decompositions()
+    if form == Form.DECOMPOSED:
+        fn = core.get(call.op) or decomposition_table.get(call.op)
+        if fn is None:
+            raise BridgeError(f"{call.overload}: torch has no decomposition of it")
+        return program.run_decompositions({call.op: fn})
+    program = program.run_decompositions(dict(core))
+    if form == Form.DEEP:
+        # One level further (grid_sampler_2d, ...). The whole table at once would reach prims,
+        # which the exporter cannot take.
+        kept = {n.target for n in program.graph.nodes if n.op == "call_function"}
+        deeper = {op: decomposition_table[op] for op in kept if op in decomposition_table}
+        if not deeper:
+            raise BridgeError(f"{call.overload}: torch has no further decomposition of it")
+        program = program.run_decompositions(deeper)
+    return program
+
+
+def translate(call: Call, form: Form = Form.DIRECT) -> onnx.ModelProto:
+    """The dynamo exporter's ONNX graph for ``call`` in ``form`` (opset 18, functions inlined,
+    shapes inferred). Its inputs are the call's tensors in order; BridgeError if dynamo cannot.
+    Cached per (call, form), failures too: a refusal is asked again at every lower opset."""
+    result = _translate_cached(call, form)
+    if isinstance(result, BridgeError):
+        raise BridgeError(str(result))
+    return result
+
+
+@functools.lru_cache(maxsize=1024)
+def _translate_cached(call: Call, form: Form):
+    try:
+        return _translate(call, form)
+    except BridgeError as exc:
+        return exc
+
+
+translate.cache_info = _translate_cached.cache_info
+
+
+def _translate(call: Call, form: Form) -> onnx.ModelProto:
+    infos = _flat_tensors(call)
+    dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in infos)
+    # A dynamic dim's traced size is not in the graph. Try a neutral size; then the static sizes
+    # of the other inputs (a dynamic dim must often match one of them, as in addr's vectors);
+    # then a size above each integer argument (stft's n_fft, a kernel size: the dim must be at
+    # least that long). (size, whether the dim must come out still dynamic)
+    sizes = sorted({d for i in infos for d in i.shape if d not in (None, DYNAMIC_DIM_HINT)})
+    above = sorted({4 * c + 1 for c in _int_constants(call.args) if c > 1} - {DYNAMIC_DIM_HINT, *sizes})
+    hints = [(DYNAMIC_DIM_HINT, True)] + [(d, False) for d in sizes] + [(d, True) for d in above]
+    if not any(dynamic):
+        hints = hints[:1]
+    fn = None
+    if form == Form.LOWERING:
+        if call.name not in lowerings.LOWERINGS:
+            raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
+        fn = lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
+    with _LOCK, _quiet_exporter():
+        for attempt, (hint, must_stay_dynamic) in enumerate(hints):
+            try:
+                proto, specialised = _exported(call, fn, form, hint, dynamic, must_stay_dynamic)
+                if specialised and _nodes_of(proto) != _nodes_of(
+                        _exported(call, fn, form, hint + 2, dynamic, must_stay_dynamic)[0]):
+                    # the size hint is in the graph: it would be wrong for every other size
+                    raise BridgeError(f"{call.overload}: a dynamic dim of its inputs is fixed in its translation; "
+                                      "export it with static sizes")
+                break
+            except BridgeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported with the op's name below
+                if attempt == len(hints) - 1:
+                    raise BridgeError(f"{call.overload}: the dynamo exporter cannot translate it either "
+                                      f"({_first_line(exc)})") from exc
+    if len(proto.graph.input) != len(infos):
+        raise BridgeError(f"{call.overload}: the translated graph has {len(proto.graph.input)} inputs, "
+                          f"expected {len(infos)}")
+    try:
+        return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        # (measured: torchlib's fft_fft with n= on complex input declares a complex64 value)
+        raise BridgeError(f"{call.overload}: the dynamo exporter's translation is not valid ONNX "
+                          f"({_first_line(exc)})") from None
+
+
+def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic: bool) -> tuple:
+    """(the ONNX model of ``call`` traced with dynamic dims of size ``hint``, whether torch.export
+    specialised a dynamic dim to that size)."""
+    from onnxscript import ir
+    from onnxscript import optimizer
+    from onnxscript.ir.passes import common as passes
+    from torch.onnx._internal.exporter import _core
+
+    examples = tuple(i.example(hint) for i in _flat_tensors(call))
+    program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
+    specialised = _check_still_dynamic(call, program, dynamic) if must_stay_dynamic else False
+    if form in (Form.DECOMPOSED, Form.CORE_ATEN, Form.DEEP):
+        program = _decompose(call, program, form)
+    model = _core.exported_program_to_ir(program, registry=torchlib_registry())
+    passes.InlinePass()(model)
+    passes.RemoveUnusedFunctionsPass()(model)
+    # Folding constants (as the dynamo exporter's optimize() does) turns computed axes and
+    # shapes into constants, which older opsets need as attributes.
+    optimizer.fold_constants(model)
+    optimizer.remove_unused_nodes(model)
+    return ir.serde.serialize_model(model), specialised
+
+
+def _nodes_of(proto: onnx.ModelProto) -> list:
+    # the computation, without the graph inputs' (possibly static) shapes
+    return [n.SerializeToString() for n in proto.graph.node] + [t.SerializeToString() for t in proto.graph.initializer]
+
+
+def _int_constants(args) -> set:
+    found = set()
+    for a in args:
+        if isinstance(a, bool):
+            continue
+        if isinstance(a, int):
+            found.add(a)
+        elif isinstance(a, tuple):
+            found |= _int_constants(a)
+    return found
+
+
+def _check_still_dynamic(call: Call, program, dynamic) -> bool:
+    # A dim that torch.export specialised to the neutral size would be baked into the graph
+    # as 5: wrong at run time. (Sizes taken from other inputs, tried later, are specialised
+    # because the op ties the dim to that input's static size: right.)
+    # The call's tensors only: constants the module lifts (a lowering's weights) come first.
+    # A SymInt whose value is a constant (take_along_dim's, chain_matmul's) may or may not be in
+    # the graph: True tells the caller to compare with another size.
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    user_inputs = set(program.graph_signature.user_inputs)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user_inputs]
+    specialised = False
+    for index, (node, dims) in enumerate(zip(placeholders, dynamic)):
+        val = node.meta.get("val")
+        for d in dims:
+            if val is not None and isinstance(val.shape[d], torch.SymInt) and is_concrete_int(val.shape[d]):
+                specialised = True
+            elif val is not None and not isinstance(val.shape[d], torch.SymInt):
+                raise BridgeError(f"{call.overload}: dim {d} of tensor input {index} is dynamic in the graph, "
+                                  "but the op's translation needs it static; export it with a static size")
+    return specialised
+
+
+class _quiet_exporter:
+    # The dynamo exporter logs a warning per node about module stacks our one-op module lacks;
+    # onnx_ir one per empty list attribute (max_unpool's empty padding) it must guess a type for;
+    # torch.export one when a size hint of 1 specialises a dim (_translate then tries the next).
+    def __enter__(self):
+        self.loggers = [logging.getLogger(n) for n in ("torch.onnx._internal.exporter._core", "torch.export",
+                                                       "onnx_ir", "torch._export.non_strict_utils")]
+        self.levels = [lg.level for lg in self.loggers]
+        for lg in self.loggers:
+            lg.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        for lg, level in zip(self.loggers, self.levels):
+            lg.setLevel(level)
+
+
+def _first_line(exc: BaseException) -> str:
+    while exc.__cause__ is not None and not str(exc).strip():
+        exc = exc.__cause__
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {text[0][:200]}" if text else type(root).__name__
