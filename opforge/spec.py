@@ -42,6 +42,8 @@ ONNX_TYPE_OF = {
     "bfloat16": "tensor(bfloat16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "int16": "tensor(int16)",
     "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)",
 }
+#: ONNX type string -> torch dtype name (``getattr(torch, name)``), the inverse of ONNX_TYPE_OF.
+DTYPE_NAME_OF = {onnx_type: name for name, onnx_type in ONNX_TYPE_OF.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from .registration import torch_op
-from .spec import ONNX_TYPE_OF, REGISTRY, AttrArg, OpSpec, TensorArg
+from .spec import DTYPE_NAME_OF, ONNX_TYPE_OF, REGISTRY, AttrArg, OpSpec, TensorArg
 
 CHECKS = ("opcheck", "gradcheck", "reference", "export_torchscript", "export_dynamo", "onnx_reference",
           "float_attrs", "bad_inputs")
@@ -337,10 +337,10 @@ def single_node_model(spec: OpSpec, values: Sequence):
     graph_inputs = [helper.make_tensor_value_info(a.onnx_name, _onnx_elem_type(v.dtype), None)
                     for a, v in zip(spec.tensor_args, inputs) if isinstance(v, torch.Tensor)]
     # each output's type from the spec's type variables (the op's own type: its float inputs')
-    torch_name = {onnx_type: name for name, onnx_type in ONNX_TYPE_OF.items()}
     type_strings = [ONNX_TYPE_OF.get(str(v.dtype).replace("torch.", "")) if isinstance(v, torch.Tensor) else None
                     for v in inputs]
-    out_types = [_onnx_elem_type(getattr(torch, torch_name[spec.output_elem_type(k, type_strings) or "tensor(float)"]))
+    out_types = [_onnx_elem_type(getattr(torch, DTYPE_NAME_OF[spec.output_elem_type(k, type_strings)
+                                                               or "tensor(float)"]))
                  for k in range(len(spec.output_args))]
     node = helper.make_node(spec.name, names, list(spec.output_names), domain=spec.domain, **attrs)
     graph = helper.make_graph([node], spec.name, graph_inputs,

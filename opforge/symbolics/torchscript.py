@@ -13,7 +13,7 @@ import functools
 import torch
 from torch.onnx import symbolic_helper
 
-from ..spec import ONNX_TYPE_OF, AttrArg, OpSpec
+from ..spec import DTYPE_NAME_OF, ONNX_TYPE_OF, AttrArg, OpSpec
 from . import lowering
 
 # parse_args descriptors and g.op attribute suffixes per attribute kind.
@@ -49,7 +49,7 @@ def _set_output_types(spec: OpSpec, inputs, attrs, out) -> None:
         own_type = not spec.output_args[i].own_types and source is not None and \
             inputs[source].type().kind() == "TensorType"
         base = inputs[source].type() if own_type else \
-            torch._C.TensorType.get().with_dtype(getattr(torch, _TORCH_DTYPE_OF[elem]))
+            torch._C.TensorType.get().with_dtype(getattr(torch, DTYPE_NAME_OF[elem]))
         shape = out_shapes[i] if out_shapes is not None else None
         if shape is not None:
             o.setType(base.with_sizes([d if isinstance(d, int) else None for d in shape]))
@@ -57,9 +57,6 @@ def _set_output_types(spec: OpSpec, inputs, attrs, out) -> None:
             o.setType(base)  # no shape rule: the type source input's type (and shape), as before
         else:  # shapes unknown: the dtype alone
             o.setType(torch._C.TensorType.get().with_dtype(base.dtype()))
-
-
-_TORCH_DTYPE_OF = {onnx_type: torch_name for torch_name, onnx_type in ONNX_TYPE_OF.items()}
 
 
 def _type_string(value):
