@@ -5,6 +5,7 @@ Runtime against torch (edge values, float32/float64, broadcasting, dynamic axes)
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -14,13 +15,28 @@ import pytest
 import torch
 
 import opforge
-from opforge.aten import bridge, compositions, coverage, rules, samples, translation
+from opforge.aten import binding, bridge, compositions, coverage, errors, rules, samples, translation
 from opforge.aten.samples import SAMPLES
 
 from helpers import Lambda
 
 OPSETS = (11, 17, 20)
-CASES = [(name, opset, dtype) for name, s in sorted(SAMPLES.items()) for opset in OPSETS
+#: The quick tier (`-m "not slow"`) runs these samples, one of each way a call reaches ONNX:
+#: torchlib's translation as is, a curated composition, torch's decompositions where the direct
+#: form needs a newer op (tril: Trilu), opforge's lowerings for older opsets (einsum, nll_loss),
+#: a scatter composition, complex values as real pairs, integer inputs, a dynamic dim kept
+#: dynamic. Every other sample is in the full suite (CI).
+QUICK = {"logaddexp", "heaviside", "tril", "einsum", "nll_loss", "scatter_reduce", "fft_rfft", "__lshift__",
+         "take_along_dim"}
+
+
+def _tier(name):
+    # one worker runs every case of a sample, so its translations are made once (tests/conftest.py)
+    return (pytest.mark.xdist_group(f"aten:{name}"),) + (() if name in QUICK else (pytest.mark.slow,))
+
+
+CASES = [pytest.param(name, opset, dtype, marks=_tier(name), id=f"{name}-opset{opset}-{str(dtype)[6:]}")
+         for name, s in sorted(SAMPLES.items()) for opset in OPSETS
          for dtype in ((torch.float32, torch.float64) if s.float_only else (torch.int64,))]
 
 
@@ -30,7 +46,7 @@ def _export(sample, inputs, opset):
     return f.getvalue(), names, dynamic
 
 
-@pytest.mark.parametrize("name,opset,dtype", CASES, ids=[f"{n}-opset{o}-{str(d)[6:]}" for n, o, d in CASES])
+@pytest.mark.parametrize("name,opset,dtype", CASES)
 def test_round_trip_matches_torch(name, opset, dtype):
     sample = SAMPLES[name]
     _check_round_trip(sample, sample.inputs(dtype), opset, dtype)
@@ -61,10 +77,11 @@ def _check_round_trip(sample, inputs, opset, dtype):
 # too, and is valid ONNX at that opset (negative axes, per-tensor quantize, ...); the others
 # must refuse.
 SNAPSHOT = json.loads(coverage.SNAPSHOT.read_text())
-OLD_CASES = [(name, opset) for name in sorted(SAMPLES) for opset in (9, 10)]
+OLD_CASES = [pytest.param(name, opset, marks=_tier(name), id=f"{name}-opset{opset}")
+             for name in sorted(SAMPLES) for opset in (9, 10)]
 
 
-@pytest.mark.parametrize("name,opset", OLD_CASES, ids=[f"{n}-opset{o}" for n, o in OLD_CASES])
+@pytest.mark.parametrize("name,opset", OLD_CASES)
 def test_below_opset_11_what_the_table_counts_runs_and_the_rest_refuses(name, opset):
     sample = SAMPLES[name]
     dtype = torch.float32 if sample.float_only else torch.int64
@@ -76,6 +93,10 @@ def test_below_opset_11_what_the_table_counts_runs_and_the_rest_refuses(name, op
     model, _, _ = _export(sample, inputs, opset)
     onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
     _check_round_trip(sample, inputs, opset, dtype)
+
+
+def test_the_quick_tier_samples_exist():
+    assert QUICK <= set(SAMPLES), QUICK - set(SAMPLES)
 
 
 def test_edge_values_are_in_the_elementwise_samples():
@@ -147,6 +168,44 @@ def test_export_time_is_cached_per_signature():
     _export(sample, inputs, 17)
     _export(sample, inputs, 20)  # another opset: the same translation, lowered again
     assert translation.translate.cache_info().misses == misses
+
+
+def test_translations_persist_across_processes_in_the_disk_cache(tmp_path):
+    # OPFORGE_ATEN_CACHE_DIR: the second process reads the translation instead of running
+    # torch.export (it never even loads torchlib) and writes the same model.
+    code = (
+        "import hashlib, io, torch, opforge\n"
+        "from opforge.aten import translation\n"
+        "from opforge.aten.samples import SAMPLES\n"
+        "s = SAMPLES['logaddexp']; f = io.BytesIO(); s.export(s.inputs(torch.float32), 13, f)\n"
+        "print(translation.torchlib_registry.cache_info().currsize, hashlib.sha256(f.getvalue()).hexdigest())\n"
+    )
+    env = dict(os.environ, OPFORGE_ATEN_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=env)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-2000:]
+    (loaded_first, model_first), (loaded_second, model_second) = (r.stdout.split() for r in runs)
+    assert (loaded_first, loaded_second) == ("1", "0") and model_first == model_second
+    assert len(list((tmp_path / "cache").glob("*.onnx"))) == 1
+
+
+def test_disk_cache_keeps_refusals_skips_inexact_keys_and_misses_on_damage(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_ATEN_CACHE_DIR", str(tmp_path))
+    cache = translation.DiskCache.from_env()
+    call = binding.Call("aten::expm1", (binding.TensorInfo(torch.float32, (None, 3)),))
+    key = cache.key(call, translation.Form.DIRECT)
+    assert key != cache.key(call, translation.Form.DECOMPOSED)
+    assert key != cache.key(binding.Call("aten::expm1", (binding.TensorInfo(torch.float64, (None, 3)),)),
+                            translation.Form.DIRECT)
+    cache.put(key, errors.BridgeError("aten::expm1: refused"))
+    found = cache.get(key)
+    assert isinstance(found, errors.BridgeError) and str(found) == "aten::expm1: refused"
+    (tmp_path / f"{key}.refused").unlink()
+    (tmp_path / f"{key}.onnx").write_bytes(b"not a model")
+    assert cache.get(key) is None
+    # a constant without an exact text form (an object's repr holds its address) is never kept
+    assert cache.key(binding.Call("aten::expm1", (object(),)), translation.Form.DIRECT) is None
+    assert not list(tmp_path.glob(".part-*"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -350,6 +409,8 @@ def test_a_dynamic_dim_fixed_in_the_translation_is_refused(monkeypatch):
     # (a batch of 1 silently broadcast to the traced size). Without opforge's composition the
     # bridge compares the translations at two sizes and refuses.
     monkeypatch.delitem(compositions.CURATED, "take_along_dim")
+    # this translation must neither come from nor go into the suite's shared translation cache
+    monkeypatch.delenv("OPFORGE_ATEN_CACHE_DIR", raising=False)
     _clear_bridge_caches()
     fn = lambda x, i: torch.take_along_dim(x, i, 1)
     x, i = torch.arange(12).reshape(3, 4), torch.tensor([[0], [3], [1]])

@@ -16,24 +16,39 @@ def run(args, cwd):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("tutorial", TUTORIALS, ids=[t.name for t in TUTORIALS])
-def test_tutorial_runs(tutorial, tmp_path):
-    out = run([str(tutorial)], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory):
+    """``tutorial(name)``: the finished run of ``tutorials/<name>`` and the directory it ran in,
+    each tutorial run once for all the tests that read its output."""
+    runs = {}
+
+    def run_once(name: str):
+        if name not in runs:
+            cwd = tmp_path_factory.mktemp(Path(name).stem)
+            runs[name] = run([str(ROOT / "tutorials" / name)], cwd=cwd), cwd
+        return runs[name]
+
+    return run_once
+
+
+@pytest.mark.parametrize("name", [t.name for t in TUTORIALS])
+def test_tutorial_runs(name, tutorial):
+    out, cwd = tutorial(name)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "matches torch" in out.stdout
     assert "Error" not in out.stdout
-    assert list(tmp_path.iterdir()) == []  # tutorials write to their own temp dirs
+    assert list(cwd.iterdir()) == []  # tutorials write to their own temp dirs
 
 
-def test_tutorial_01_covers_the_whole_flow(tmp_path):
-    out = run([str(ROOT / "tutorials" / "01_my_add.py")], cwd=tmp_path).stdout
+def test_tutorial_01_covers_the_whole_flow(tutorial):
+    out = tutorial("01_my_add.py")[0].stdout
     for line in ("1. torch op", "bad shapes -> opforge::my_add", "opforge::my_add'", "my_add_torchscript.onnx: ORT matches",
                  "my_add_dynamo.onnx: ORT matches", "standard ONNX graph", "6. onnx.reference matches torch"):
         assert line in out, line
 
 
-def test_tutorial_05_covers_the_toolkit_flow(tmp_path):
-    out = run([str(ROOT / "tutorials" / "05_your_own_op.py")], cwd=tmp_path).stdout
+def test_tutorial_05_covers_the_toolkit_flow(tutorial):
+    out = tutorial("05_your_own_op.py")[0].stdout
     for line in ("1. opforge new-op", "src/tutorial_ops/csrc/swish.h", "torch op tutorial_ops::swish  ->  ONNX node "
                  "com.example.tutorial::swish", "opcheck, gradcheck, numpy reference, float32 attributes, bad inputs: ok",
                  "[dynamo] opforge::my_add, com.example.tutorial::swish", "[torchscript] opforge::my_add, "
@@ -42,8 +57,8 @@ def test_tutorial_05_covers_the_toolkit_flow(tmp_path):
     assert out.count("ORT matches torch at batch 5") == 2
 
 
-def test_tutorial_07_trains_exports_both_ways_and_runs_at_another_size(tmp_path):
-    out = run([str(ROOT / "tutorials" / "07_ms_deform_attn.py")], cwd=tmp_path).stdout
+def test_tutorial_07_trains_exports_both_ways_and_runs_at_another_size(tutorial):
+    out = tutorial("07_ms_deform_attn.py")[0].stdout
     losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if line.startswith("2. step")]
     assert len(losses) == 5 and losses[-1] < losses[0]
     for exporter in ("dynamo", "torchscript"):

@@ -44,7 +44,7 @@ from .errors import BridgeError
 from .translation import Form, translate
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def lowered(call: Call, opset: int) -> tuple:
     """``(inputs, nodes, outputs, types)`` of ``call`` at ``opset``; BridgeError if ONNX cannot
     express it. ``types``: value name -> (ONNX elem type, dims) where inferred."""

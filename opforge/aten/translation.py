@@ -12,10 +12,15 @@ torchlib's registry (about a second to build) is loaded on first use only.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import hashlib
 import logging
+import os
+import tempfile
 import threading
+from pathlib import Path
 from typing import Callable, Optional
 
 import onnx
@@ -119,12 +124,92 @@ def translate(call: Call, form: Form = Form.DIRECT) -> onnx.ModelProto:
     return result
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
 def _translate_cached(call: Call, form: Form):
+    disk = DiskCache.from_env()
+    key = disk.key(call, form) if disk else None
+    if key is not None:
+        found = disk.get(key)
+        if found is not None:
+            return found
     try:
-        return _translate(call, form)
+        result = _translate(call, form)
     except BridgeError as exc:
-        return exc
+        result = exc
+    if key is not None:
+        disk.put(key, result)
+    return result
+
+
+class DiskCache:
+    """Translations kept in a directory (``OPFORGE_ATEN_CACHE_DIR``) across processes.
+
+    A translation costs about a second (``torch.export`` and the dynamo exporter's passes);
+    the next process that exports the same call (same overload, dtypes, shapes, constants and
+    form) reads it back instead. Refusals are kept too: a refusal is asked again at every lower
+    opset. The key also holds the versions of torch, onnxscript and onnx and a hash of
+    opforge's ATen sources, so an upgrade or an edit never reads a stale entry. Entries are
+    written whole (a temporary file renamed into place), so concurrent processes can share the
+    directory. Point it only at a directory you alone write to: its entries become parts of
+    the models you export."""
+
+    _SAFE_LEAVES = (type(None), bool, int, float, str, TensorInfo, torch.dtype, torch.device, torch.layout,
+                    torch.memory_format)
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    @staticmethod
+    def from_env() -> Optional["DiskCache"]:
+        root = os.environ.get("OPFORGE_ATEN_CACHE_DIR")
+        return DiskCache(Path(root)) if root else None
+
+    def key(self, call: Call, form: Form) -> Optional[str]:
+        """None for a call whose constants have no exact text form (then it is not kept)."""
+        if not self._exact(call.args):
+            return None
+        text = "\n".join([_environment_fingerprint(), repr(call), form.name])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _exact(self, value) -> bool:
+        if isinstance(value, tuple):
+            return all(self._exact(v) for v in value)
+        return isinstance(value, self._SAFE_LEAVES)
+
+    def get(self, key: str):
+        """The kept ModelProto or BridgeError, or None if there is none (or it is unreadable)."""
+        with contextlib.suppress(OSError):
+            if (self.root / f"{key}.onnx").is_file():
+                try:
+                    return onnx.load_from_string((self.root / f"{key}.onnx").read_bytes())
+                except Exception:  # noqa: BLE001 - a damaged entry is a miss
+                    return None
+            if (self.root / f"{key}.refused").is_file():
+                return BridgeError((self.root / f"{key}.refused").read_text())
+        return None
+
+    def put(self, key: str, result) -> None:
+        if isinstance(result, BridgeError):
+            data, suffix = str(result).encode(), ".refused"
+        else:
+            data, suffix = result.SerializeToString(), ".onnx"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".part-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.root / f"{key}{suffix}")
+        except OSError:
+            pass  # a cache that cannot be written only costs the next process the time
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_fingerprint() -> str:
+    import onnxscript
+
+    sources = sorted(Path(__file__).parent.glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    return f"torch {torch.__version__}; onnxscript {onnxscript.__version__}; onnx {onnx.__version__}; aten {digest}"
 
 
 translate.cache_info = _translate_cached.cache_info
@@ -147,7 +232,7 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         if call.name not in lowerings.LOWERINGS:
             raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
         fn = lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
-    with _LOCK, _quiet_exporter():
+    with _LOCK, _quiet_exporter(), _cia_ops_listed_once():
         for attempt, (hint, must_stay_dynamic) in enumerate(hints):
             try:
                 proto, specialised = _exported(call, fn, form, hint, dynamic, must_stay_dynamic)
@@ -235,6 +320,42 @@ def _check_still_dynamic(call: Call, program, dynamic) -> bool:
                 raise BridgeError(f"{call.overload}: dim {d} of tensor input {index} is dynamic in the graph, "
                                   "but the op's translation needs it static; export it with a static size")
     return specialised
+
+
+@contextlib.contextmanager
+def _cia_ops_listed_once():
+    """Every ``run_decompositions`` (two or more per translation) lists torch's
+    CompositeImplicitAutograd ops afresh, walking every op namespace: measured, about 40% of
+    a translation. The list changes only when ops are registered, so while opforge translates
+    it is kept, keyed by the namespaces and the number of CompositeImplicitAutograd
+    registrations. Where torch's internals differ from these names, nothing is changed."""
+    from torch._export import utils as export_utils
+    from torch.export import decomp_utils, exported_program
+
+    modules = [m for m in (exported_program, decomp_utils) if hasattr(m, "_collect_all_valid_cia_ops")]
+    original = getattr(export_utils, "_collect_all_valid_cia_ops", None)
+    if original is None or not modules:
+        yield
+        return
+
+    def listed_once():
+        key = (tuple(torch.ops._dir),
+               len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")))
+        if _CIA_OPS.get("key") != key:
+            _CIA_OPS.update(key=key, ops=frozenset(original()))
+        return _CIA_OPS["ops"]  # (torch's callers copy it before changing it)
+
+    saved = [m._collect_all_valid_cia_ops for m in modules]
+    for m in modules:
+        m._collect_all_valid_cia_ops = listed_once
+    try:
+        yield
+    finally:
+        for m, fn in zip(modules, saved):
+            m._collect_all_valid_cia_ops = fn
+
+
+_CIA_OPS: dict = {}
 
 
 class _quiet_exporter:
