@@ -80,8 +80,53 @@ def _rank(item):
     return len(FIRST) + 1 if module in LAST else len(FIRST)
 
 
+# ---- the quick tier: `-m "not slow"` ------------------------------------------------------
+#
+# For iteration; CI runs everything. Left out whole: modules that build something (a package, a
+# wheel, a library, a venv) or run minutes of subprocesses. Left out one by one: tests measured
+# at 5 s or more (on the 2-core CI machine) whose behaviour a quicker test of the tier also
+# checks. The ATen round trips mark themselves (tests/test_aten_bridge.py, QUICK).
+SLOW_MODULES = {
+    "test_new_op.py": "builds a generated package, with CUDA where nvcc is",
+    "test_new_op_schema.py": "builds three generated packages and runs their tests",
+    "test_coverage.py": "exports every ATen sample at every opset",
+    "test_tutorials_cli_benchmarks.py": "runs every tutorial and benchmark as a subprocess",
+    "test_deploy_ort_only.py": "creates venvs with older onnxruntime wheels",
+    "test_deploy_cpp.py": "compiles the C++ example",
+    "test_fuzz.py": "fuzz batches against torch and ORT",
+    "test_gpu_cores_emulated.py": "compiles the GPU cores for the host",
+    "test_concurrency.py": "session create/run/destroy loops, memory over time",
+}
+SLOW_TESTS = (
+    "test_check_op.py::test_my_add[export_dynamo]", "test_check_op.py::test_my_add[onnx_reference]",
+    "test_check_op.py::test_deform_conv2d[export_dynamo]", "test_check_op.py::test_deform_conv2d[onnx_reference]",
+    "test_ms_deform_attn.py::test_check_op[export_dynamo]", "test_ms_deform_attn.py::test_check_op[onnx_reference]",
+    "test_prototype.py::test_generated_prototype_package", "test_prototype.py::test_import_",
+    "test_prototype.py::test_poly_checks[export_dynamo]",
+    "test_aten_bridge.py::test_translations_persist_across_processes",
+    "test_aten_bridge.py::test_each_op_torch_rules_that_carries_complex_values_matches_torch[stft]",
+    "test_aten_bridge.py::test_a_dynamic_dim_fixed_in_the_translation_is_refused",
+    "test_aten_lowerings.py::test_log_mel_spectrogram", "test_aten_lowerings.py::test_stft_below_opset_17",
+    "test_aten_lowerings.py::test_grid_sample_modes_at_opset_11[", "test_aten_lowerings.py::test_bincount_with_weights",
+    "test_deform_conv2d_onnx.py::test_round_trip[", "test_deform_conv2d_onnx.py::test_small_dcn_resnet_runs_in_ort[",
+    "test_deform_conv2d_torch.py::test_every_cpu_isa_path", "test_my_add_torch.py::test_every_cpu_isa_path",
+    "test_docs.py::test_python_snippet_runs[",
+    "test_torchvision_drop_in.py::test_import_opforge_does_not_import_torchvision",
+    "test_torchvision_drop_in.py::test_gradcheck_every_input[",
+)
+
+
+def _is_slow(item) -> bool:
+    path, _, test = item.nodeid.partition("::")  # (a parameter id may hold "/": docs/ops.md:64)
+    module = path.rsplit("/", 1)[-1]
+    return module in SLOW_MODULES or f"{module}::{test}".startswith(SLOW_TESTS)
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_rank)  # stable: the order inside each rank is the collection order
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
     groups_file = os.environ.get("OPFORGE_TEST_GROUPS")
     if hasattr(config, "workerinput") and groups_file:
         groups = {item.nodeid: g for item in items if (g := _group(item))}
