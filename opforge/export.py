@@ -15,6 +15,7 @@ import torch
 from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
 from .aten import fallback as _aten
 from .aten.diagnosis import explain_failure as _explain_failure
+from .exporter_cache import reused_exporter_setup
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
 from .symbolics import onnx_schema as _onnx_schema
@@ -149,59 +150,67 @@ def _quiet_untyped_custom_outputs(active: bool):
 def _run_exporter(model, args, *, dynamo, opset, standard, input_names, output_names, dynamic_shapes, dynamic_axes,
                   kwargs, aten_fallback, export_options) -> onnx.ModelProto:
     if dynamo:
-        table = _dynamo.translation_table(standard, opset)
-        if aten_fallback:
-            if isinstance(model, torch.export.ExportedProgram):
-                exported = model
-            else:
-                if dynamic_shapes is None and dynamic_axes is not None:
-                    raise ValueError("opforge.export: with aten_fallback and dynamo=True, give dynamic_shapes")
-                exported = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
-            model, fallback_ops = _aten.decompose_keeping_fallbacks(exported, table)
-            table = {**table, **{op: _aten.fallback_translation(op) for op in fallback_ops}}
-            dynamic_shapes = dynamic_axes = kwargs = None  # carried by the ExportedProgram
-        with _quiet_untyped_custom_outputs(aten_fallback):
-            program = torch.onnx.export(
-                model,
-                args,
-                kwargs=kwargs,
-                dynamo=True,
-                opset_version=opset,
-                custom_translation_table=table,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_shapes=dynamic_shapes,
-                dynamic_axes=dynamic_axes,
-                **export_options,
-            )
-            proto = program.model_proto  # serialised lazily: inside the quiet block
-    else:
-        buffer = io.BytesIO()
-        with lowering.standard_onnx(standard), warnings.catch_warnings():
-            # The caller chose the TorchScript exporter on purpose; its deprecation notice is noise here.
-            warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
-            warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
-            torch.onnx.export(
-                model,
-                args,
-                buffer,
-                kwargs=kwargs,
-                dynamo=False,
-                opset_version=opset,
-                operator_export_type=(torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK if aten_fallback
-                                      else export_options.pop("operator_export_type", torch.onnx.OperatorExportTypes.ONNX)),
-                # The exporter imports custom domains at version 1 by itself; passing custom_opsets
-                # would warn on every model that happens not to use an opforge op.
-                custom_opsets={DOMAIN: DOMAIN_VERSION} if DOMAIN_VERSION != 1 else None,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_axes=dynamic_axes,
-                **export_options,
-            )
-        proto = onnx.load_from_string(buffer.getvalue())
-        if dynamic_axes:
-            _name_output_dims(proto)
+        with reused_exporter_setup():  # torchlib's registry built once per process, not once per export
+            return _run_dynamo_exporter(model, args, opset=opset, standard=standard, input_names=input_names,
+                                        output_names=output_names, dynamic_shapes=dynamic_shapes,
+                                        dynamic_axes=dynamic_axes, kwargs=kwargs, aten_fallback=aten_fallback,
+                                        export_options=export_options)
+    buffer = io.BytesIO()
+    with lowering.standard_onnx(standard), warnings.catch_warnings():
+        # The caller chose the TorchScript exporter on purpose; its deprecation notice is noise here.
+        warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+        warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
+        torch.onnx.export(
+            model,
+            args,
+            buffer,
+            kwargs=kwargs,
+            dynamo=False,
+            opset_version=opset,
+            operator_export_type=(torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK if aten_fallback
+                                  else export_options.pop("operator_export_type", torch.onnx.OperatorExportTypes.ONNX)),
+            # The exporter imports custom domains at version 1 by itself; passing custom_opsets
+            # would warn on every model that happens not to use an opforge op.
+            custom_opsets={DOMAIN: DOMAIN_VERSION} if DOMAIN_VERSION != 1 else None,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            **export_options,
+        )
+    proto = onnx.load_from_string(buffer.getvalue())
+    if dynamic_axes:
+        _name_output_dims(proto)
     return proto
+
+
+def _run_dynamo_exporter(model, args, *, opset, standard, input_names, output_names, dynamic_shapes, dynamic_axes,
+                         kwargs, aten_fallback, export_options) -> onnx.ModelProto:
+    table = _dynamo.translation_table(standard, opset)
+    if aten_fallback:
+        if isinstance(model, torch.export.ExportedProgram):
+            exported = model
+        else:
+            if dynamic_shapes is None and dynamic_axes is not None:
+                raise ValueError("opforge.export: with aten_fallback and dynamo=True, give dynamic_shapes")
+            exported = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+        model, fallback_ops = _aten.decompose_keeping_fallbacks(exported, table)
+        table = {**table, **{op: _aten.fallback_translation(op) for op in fallback_ops}}
+        dynamic_shapes = dynamic_axes = kwargs = None  # carried by the ExportedProgram
+    with _quiet_untyped_custom_outputs(aten_fallback):
+        program = torch.onnx.export(
+            model,
+            args,
+            kwargs=kwargs,
+            dynamo=True,
+            opset_version=opset,
+            custom_translation_table=table,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+            dynamic_axes=dynamic_axes,
+            **export_options,
+        )
+        return program.model_proto  # serialised lazily: inside the quiet block
 
 
 def _name_output_dims(proto: onnx.ModelProto) -> None:

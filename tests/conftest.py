@@ -136,6 +136,7 @@ def pytest_collection_modifyitems(config, items):
         os.replace(tmp, groups_file)  # every worker writes the same map
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: `-p no:xdist` must still run
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup" or not os.environ.get("OPFORGE_TEST_GROUPS"):
         return None

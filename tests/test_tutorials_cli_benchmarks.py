@@ -155,3 +155,11 @@ def test_bridge_export_benchmark_runs(tmp_path):
     out = run([str(ROOT / "benchmarks" / "bench_bridge_export.py"), "--repeat", "2"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "ratio" in out.stdout and "cached" in out.stdout
+
+
+def test_dynamo_export_benchmark_reports_the_speedup_on_the_same_model(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_dynamo_export.py"), "--repeats", "1", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result["same_model"] is True and set(result["ms"]) == {"torch.onnx.export", "opforge.export"}
+    assert result["speedup_vs_torch"] > 0

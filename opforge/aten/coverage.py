@@ -53,7 +53,7 @@ class Coverage:
 
 
 def _torchlib_names() -> set:
-    from .translation import torchlib_registry
+    from ..exporter_cache import torchlib_registry
 
     names = set()
     for key in torchlib_registry().functions:

@@ -28,6 +28,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnx.defs import OpSchema
 
+from ..exporter_cache import torchlib_registry
 from . import policy
 
 ATEN_DOMAIN = "org.pytorch.aten"
@@ -529,9 +530,7 @@ def _is_value(x) -> bool:
 
 def unsupported_targets(exported: torch.export.ExportedProgram, custom: Optional[dict] = None) -> list:
     """call_function targets of ``exported`` with no ONNX translation (torchlib + ``custom``)."""
-    from torch.onnx._internal.exporter import _registration
-
-    registry = _registration.ONNXRegistry.from_torchlib()
+    registry = torchlib_registry()
     custom = custom or {}
     missing = []
     for node in exported.graph.nodes:
@@ -562,9 +561,9 @@ def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: 
     are kept whole so they can fall back to one ATen node each. Returns the decomposed
     program and the ATen ops that need the fallback (with ``strict=False``, also the
     non-ATen ops nothing can translate, as a third item, instead of raising)."""
-    from torch.onnx._internal.exporter import _decomp, _registration
+    from torch.onnx._internal.exporter import _decomp
 
-    registry = _registration.ONNXRegistry.from_torchlib()
+    registry = torchlib_registry()
     implemented = set(_decomp.get_onnx_implemented_overloads(registry)) | set(custom)
     keep: set = set()
     others: dict = {}

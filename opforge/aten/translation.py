@@ -7,7 +7,8 @@ The op itself may be replaced by a curated composition (:mod:`.compositions`) or
 ``LOWERING`` form, by opforge's composition for older opsets (:mod:`.lowerings`). Results are
 cached per call and form.
 
-torchlib's registry (about a second to build) is loaded on first use only.
+torchlib's registry (about a second to build) is loaded on first use only, and kept
+(:mod:`opforge.exporter_cache`).
 """
 
 from __future__ import annotations
@@ -26,21 +27,13 @@ from typing import Callable, Optional
 import onnx
 import torch
 
+from ..exporter_cache import reused_exporter_setup, torchlib_registry
 from . import lowerings
 from .binding import DYNAMIC_DIM_HINT, Call, TensorInfo
 from .compositions import CURATED
 from .errors import BridgeError
 
 _LOCK = threading.RLock()
-
-
-@functools.lru_cache(maxsize=1)
-def torchlib_registry():
-    """torchlib's registry (what ``dynamo=True`` translates with); built once, on first use."""
-    from torch.onnx._internal.exporter import _registration
-
-    with _LOCK:
-        return _registration.ONNXRegistry.from_torchlib()
 
 
 class _CallModule(torch.nn.Module):
@@ -232,7 +225,7 @@ def _translate(call: Call, form: Form) -> onnx.ModelProto:
         if call.name not in lowerings.LOWERINGS:
             raise BridgeError(f"{call.overload}: opforge has no composition of it for older opsets")
         fn = lowerings.LOWERINGS[call.name](call)  # eagerly: it may precompute constants
-    with _LOCK, _quiet_exporter(), _cia_ops_listed_once():
+    with _LOCK, _quiet_exporter(), reused_exporter_setup():
         for attempt, (hint, must_stay_dynamic) in enumerate(hints):
             try:
                 proto, specialised = _exported(call, fn, form, hint, dynamic, must_stay_dynamic)
@@ -320,42 +313,6 @@ def _check_still_dynamic(call: Call, program, dynamic) -> bool:
                 raise BridgeError(f"{call.overload}: dim {d} of tensor input {index} is dynamic in the graph, "
                                   "but the op's translation needs it static; export it with a static size")
     return specialised
-
-
-@contextlib.contextmanager
-def _cia_ops_listed_once():
-    """Every ``run_decompositions`` (two or more per translation) lists torch's
-    CompositeImplicitAutograd ops afresh, walking every op namespace: measured, about 40% of
-    a translation. The list changes only when ops are registered, so while opforge translates
-    it is kept, keyed by the namespaces and the number of CompositeImplicitAutograd
-    registrations. Where torch's internals differ from these names, nothing is changed."""
-    from torch._export import utils as export_utils
-    from torch.export import decomp_utils, exported_program
-
-    modules = [m for m in (exported_program, decomp_utils) if hasattr(m, "_collect_all_valid_cia_ops")]
-    original = getattr(export_utils, "_collect_all_valid_cia_ops", None)
-    if original is None or not modules:
-        yield
-        return
-
-    def listed_once():
-        key = (tuple(torch.ops._dir),
-               len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")))
-        if _CIA_OPS.get("key") != key:
-            _CIA_OPS.update(key=key, ops=frozenset(original()))
-        return _CIA_OPS["ops"]  # (torch's callers copy it before changing it)
-
-    saved = [m._collect_all_valid_cia_ops for m in modules]
-    for m in modules:
-        m._collect_all_valid_cia_ops = listed_once
-    try:
-        yield
-    finally:
-        for m, fn in zip(modules, saved):
-            m._collect_all_valid_cia_ops = fn
-
-
-_CIA_OPS: dict = {}
 
 
 class _quiet_exporter:

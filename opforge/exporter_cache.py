@@ -1,0 +1,133 @@
+"""What torch's dynamo exporter rebuilds on every call, built once per process while opforge exports.
+
+Measured on the 2-core CI machine (torch 2.14.1): ``torch.onnx.export(..., dynamo=True)`` of a
+one-op model takes about 1.3 s. About 1 s of it is building torchlib's registry
+(``ONNXRegistry.from_torchlib``: the source of ~500 onnxscript functions read and parsed), again
+for every export. Every ``run_decompositions`` also lists torch's CompositeImplicitAutograd ops
+afresh, walking every op namespace (~0.2 s; the ATen bridge decomposes several times per
+translation).
+
+Neither changes between two exports unless ops are registered in between, so inside
+:func:`reused_exporter_setup` (``opforge.export`` and the ATen bridge's translations hold it):
+
+* ``ONNXRegistry.from_torchlib(opset)`` returns a copy of a registry built once per opset and
+  per set of registered ops (loading torchvision, say, adds ops torchlib translates). A copy,
+  because the exporter adds the ``custom_translation_table`` to the registry it gets.
+* torch's CompositeImplicitAutograd list is kept, keyed by the op namespaces and that dispatch
+  key's registration count.
+
+The exported models are the same bytes (tests/test_export_speed.py). Where torch's internals do
+not have these names, nothing is patched and the exporter runs as it always did. This module
+imports nothing of opforge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+_LOCK = threading.RLock()
+_active = 0  # nesting depth of reused_exporter_setup (over all threads)
+_restore: list = []  # (object, attribute, original value) of what is patched while _active
+_REGISTRIES: dict = {}  # opset -> (registered op count, torchlib's registry)
+_CIA_OPS: dict = {}
+
+
+def _registered_op_count() -> int:
+    return len(torch._C._dispatch_get_all_op_names())
+
+
+def torchlib_registry(opset_version: int = 18):
+    """torchlib's registry at ``opset_version``, as the dynamo exporter builds it; built once per
+    opset and set of registered ops. Shared: read it, don't register into it (see :func:`fresh_registry`)."""
+    from torch.onnx._internal.exporter import _registration
+
+    count = _registered_op_count()
+    with _LOCK:
+        built_at, registry = _REGISTRIES.get(opset_version, (None, None))
+        if built_at != count:  # (a stale one is dropped: one registry per opset)
+            build = _ORIGINALS.get("from_torchlib", _registration.ONNXRegistry.__dict__["from_torchlib"])
+            registry = build.__func__(_registration.ONNXRegistry, opset_version)
+            _REGISTRIES[opset_version] = (count, registry)
+        return registry
+
+
+def fresh_registry(opset_version: int = 18):
+    """A copy of :func:`torchlib_registry` that may be registered into (its lists are its own)."""
+    shared = torchlib_registry(opset_version)
+    copy = type(shared).__new__(type(shared))
+    copy.__dict__.update(shared.__dict__)
+    copy.functions = {target: list(metas) for target, metas in shared.functions.items()}
+    return copy
+
+
+_ORIGINALS: dict = {}
+
+
+def _from_torchlib_once(cls, opset_version=18):
+    from torch.onnx._internal.exporter import _registration
+
+    if cls is not _registration.ONNXRegistry:  # a subclass: build it as torch would
+        return _ORIGINALS["from_torchlib"].__func__(cls, opset_version)
+    return fresh_registry(opset_version)
+
+
+def _cia_ops_listed_once(original):
+    def listed_once():
+        key = (tuple(torch.ops._dir),
+               len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")))
+        with _LOCK:
+            if _CIA_OPS.get("key") != key:
+                _CIA_OPS.update(key=key, ops=frozenset(original()))
+            return _CIA_OPS["ops"]  # (torch's callers copy it before changing it)
+    return listed_once
+
+
+def _patches() -> list:
+    """(object, attribute, replacement) for each piece of torch's exporter this module speeds up;
+    empty where torch's internals differ from these names."""
+    patches = []
+    try:
+        from torch.onnx._internal.exporter import _registration
+    except ImportError:
+        _registration = None
+    build = getattr(_registration, "ONNXRegistry", None)
+    build = build.__dict__.get("from_torchlib") if build is not None else None
+    if isinstance(build, classmethod):
+        _ORIGINALS.setdefault("from_torchlib", build)
+        patches.append((_registration.ONNXRegistry, "from_torchlib", classmethod(_from_torchlib_once)))
+    try:
+        from torch._export import utils as export_utils
+        from torch.export import decomp_utils, exported_program
+    except ImportError:
+        return patches
+    original = getattr(export_utils, "_collect_all_valid_cia_ops", None)
+    if original is not None:
+        listed_once = _cia_ops_listed_once(original)
+        patches += [(m, "_collect_all_valid_cia_ops", listed_once) for m in (exported_program, decomp_utils)
+                    if hasattr(m, "_collect_all_valid_cia_ops")]
+    return patches
+
+
+@contextlib.contextmanager
+def reused_exporter_setup():
+    """Inside: the dynamo exporter reuses its registry and torch's CompositeImplicitAutograd list
+    (module docstring). Nestable and thread-safe: the first entry patches, the last exit restores."""
+    global _active
+    with _LOCK:
+        if _active == 0:
+            for obj, name, replacement in _patches():
+                _restore.append((obj, name, obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)))
+                setattr(obj, name, replacement)
+        _active += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _active -= 1
+            if _active == 0:
+                while _restore:
+                    obj, name, original = _restore.pop()
+                    setattr(obj, name, original)

@@ -1,0 +1,75 @@
+"""opforge.exporter_cache: the dynamo exporter's torchlib registry and torch's
+CompositeImplicitAutograd list built once per process while opforge exports, not once per export.
+The models must not change: the same bytes as torch's own exporter writes without the cache."""
+
+import torch
+from torch.onnx._internal.exporter import _registration
+
+import opforge
+from opforge import exporter_cache
+from opforge.symbolics import dynamo as dynamo_rules
+
+
+class _Mixed(torch.nn.Module):
+    # an opforge op (custom translation), a torchlib op and a decomposed one (aten::addcmul)
+    def forward(self, a, b):
+        return torch.addcmul(opforge.my_add(a, b).sin(), a, b, value=0.5)
+
+
+ARGS = (torch.randn(3, 4), torch.randn(3, 4))
+
+
+def _torch_export(opset, table):
+    program = torch.onnx.export(_Mixed().eval(), ARGS, dynamo=True, opset_version=opset, custom_translation_table=table,
+                                verbose=False)
+    return program.model_proto.SerializeToString()
+
+
+def test_models_are_the_same_bytes_with_and_without_the_cache():
+    for opset in (18, 20):
+        table = dynamo_rules.translation_table(None, opset)
+        without = _torch_export(opset, table)
+        with exporter_cache.reused_exporter_setup():
+            first, again = _torch_export(opset, table), _torch_export(opset, table)
+        assert first == without and again == without
+
+
+def test_the_registry_is_built_once_per_opset_and_copied_per_export(monkeypatch):
+    builds = []
+    original = exporter_cache._ORIGINALS.get("from_torchlib", _registration.ONNXRegistry.__dict__["from_torchlib"])
+
+    def counting(cls, opset_version=18):
+        builds.append(opset_version)
+        return original.__func__(cls, opset_version)
+
+    monkeypatch.setitem(exporter_cache._ORIGINALS, "from_torchlib", classmethod(counting))
+    monkeypatch.setattr(exporter_cache, "_REGISTRIES", {})
+    for _ in range(3):
+        opforge.export(_Mixed().eval(), ARGS, dynamo=True, opset_version=18, verbose=False)
+    assert builds.count(18) == 1, builds
+    # each export registers opforge's translations into its own copy, never into the shared one
+    shared = exporter_cache.torchlib_registry(18)
+    copy = exporter_cache.fresh_registry(18)
+    assert copy is not shared and copy.functions == shared.functions
+    assert all(copy.functions[k] is not shared.functions[k] for k in shared.functions)
+    copy.register_op(torch.ops.opforge.my_add.default, lambda a, b: a)
+    assert copy.functions["opforge::my_add"] and "opforge::my_add" not in shared.functions
+
+
+def test_registering_ops_builds_the_registry_anew():
+    first = exporter_cache.torchlib_registry(18)
+    assert exporter_cache.torchlib_registry(18) is first
+    lib = torch.library.Library("opforge_cache_test", "DEF")  # noqa: F841 - kept alive while checked
+    lib.define("probe(Tensor x) -> Tensor")
+    assert exporter_cache.torchlib_registry(18) is not first
+
+
+def test_torch_is_left_as_it_was_after_the_export():
+    from torch.export import exported_program
+
+    before = (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops)
+    with exporter_cache.reused_exporter_setup():
+        with exporter_cache.reused_exporter_setup():  # nested: the inner exit restores nothing
+            pass
+        assert _registration.ONNXRegistry.__dict__["from_torchlib"] is not before[0]
+    assert (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops) == before
