@@ -23,8 +23,10 @@ imports nothing of opforge.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import threading
+import typing
 
 import torch
 
@@ -52,6 +54,13 @@ def torchlib_registry(opset_version: int = 18):
             registry = build.__func__(_registration.ONNXRegistry, opset_version)
             _REGISTRIES[opset_version] = (count, registry)
         return registry
+
+
+def built_registries() -> list:
+    """The opsets whose registry this process holds (none until something is exported with dynamo
+    or bridged: importing opforge builds nothing)."""
+    with _LOCK:
+        return sorted(_REGISTRIES)
 
 
 def fresh_registry(opset_version: int = 18):
@@ -98,6 +107,11 @@ def _patches() -> list:
     if isinstance(build, classmethod):
         _ORIGINALS.setdefault("from_torchlib", build)
         patches.append((_registration.ONNXRegistry, "from_torchlib", classmethod(_from_torchlib_once)))
+    ops_module = getattr(torch, "_ops", None)
+    if getattr(ops_module, "Callable", None) is collections.abc.Callable:
+        # OperatorBase.py_impl's inner function is annotated Callable[_P, _T], evaluated anew at each of
+        # its calls; typing's Callable caches the subscription (same meaning, a cached object).
+        patches.append((ops_module, "Callable", typing.Callable))
     try:
         from torch._export import utils as export_utils
         from torch.export import decomp_utils, exported_program

@@ -150,10 +150,10 @@ def test_models_without_bridged_ops_do_not_load_the_bridge():
     # The bridge's cost (torchlib's registry, torch.export) is paid only by models that use it.
     code = (
         "import io, time, torch, opforge\n"
-        "from opforge.aten import translation\n"
+        "from opforge import exporter_cache\n"
         "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
         "torch.onnx.export(m, (torch.randn(2, 4),), io.BytesIO(), dynamo=False, opset_version=17)\n"
-        "assert translation.torchlib_registry.cache_info().currsize == 0\n"
+        "assert exporter_cache.built_registries() == []\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
@@ -175,10 +175,10 @@ def test_translations_persist_across_processes_in_the_disk_cache(tmp_path):
     # torch.export (it never even loads torchlib) and writes the same model.
     code = (
         "import hashlib, io, torch, opforge\n"
-        "from opforge.aten import translation\n"
+        "from opforge import exporter_cache\n"
         "from opforge.aten.samples import SAMPLES\n"
         "s = SAMPLES['logaddexp']; f = io.BytesIO(); s.export(s.inputs(torch.float32), 13, f)\n"
-        "print(translation.torchlib_registry.cache_info().currsize, hashlib.sha256(f.getvalue()).hexdigest())\n"
+        "print(len(exporter_cache.built_registries()), hashlib.sha256(f.getvalue()).hexdigest())\n"
     )
     env = dict(os.environ, OPFORGE_ATEN_CACHE_DIR=str(tmp_path / "cache"))
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=env)

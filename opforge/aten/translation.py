@@ -96,15 +96,20 @@ def _decompose(call: Call, program, form: Form):
             raise BridgeError(f"{call.overload}: torch has no decomposition of it")
         return program.run_decompositions({call.op: fn})
     program = program.run_decompositions(dict(core))
-    if form == Form.DEEP:
-        # One level further (grid_sampler_2d, ...). The whole table at once would reach prims,
-        # which the exporter cannot take.
-        kept = {n.target for n in program.graph.nodes if n.op == "call_function"}
-        deeper = {op: decomposition_table[op] for op in kept if op in decomposition_table}
-        if not deeper:
-            raise BridgeError(f"{call.overload}: torch has no further decomposition of it")
-        program = program.run_decompositions(deeper)
-    return program
+    return _decompose_deeper(call, program) if form == Form.DEEP else program
+
+
+def _decompose_deeper(call: Call, program):
+    """The core-ATen ``program`` one level further (grid_sampler_2d, ...): the ops core ATen keeps,
+    by their own decompositions. The whole table at once would reach prims, which the exporter
+    cannot take."""
+    from torch._decomp import decomposition_table
+
+    kept = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    deeper = {op: decomposition_table[op] for op in kept if op in decomposition_table}
+    if not deeper:
+        raise BridgeError(f"{call.overload}: torch has no further decomposition of it")
+    return program.run_decompositions(deeper)
 
 
 def translate(call: Call, form: Form = Form.DIRECT) -> onnx.ModelProto:
@@ -210,7 +215,7 @@ translate.cache_info = _translate_cached.cache_info
 
 def _translate(call: Call, form: Form) -> onnx.ModelProto:
     infos = _flat_tensors(call)
-    dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in infos)
+    dynamic = _dynamic_dims(call)
     # A dynamic dim's traced size is not in the graph. Try a neutral size; then the static sizes
     # of the other inputs (a dynamic dim must often match one of them, as in addr's vectors);
     # then a size above each integer argument (stft's n_fft, a kernel size: the dim must be at
@@ -260,11 +265,16 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
     from onnxscript.ir.passes import common as passes
     from torch.onnx._internal.exporter import _core
 
-    examples = tuple(i.example(hint) for i in _flat_tensors(call))
-    program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
-    specialised = _check_still_dynamic(call, program, dynamic) if must_stay_dynamic else False
-    if form in (Form.DECOMPOSED, Form.CORE_ATEN, Form.DEEP):
-        program = _decompose(call, program, form)
+    if fn is None:  # the op itself: one torch.export (and one core-ATen decomposition) for every form
+        program, specialised = _traced(call, hint, must_stay_dynamic)
+        if form == Form.DECOMPOSED:
+            program = _decompose(call, program, form)
+        elif form in (Form.CORE_ATEN, Form.DEEP):
+            program = _core_decomposed(call, hint, must_stay_dynamic)
+            if form == Form.DEEP:
+                program = _decompose_deeper(call, program)
+    else:
+        program, specialised = _trace(call, fn, hint, dynamic, must_stay_dynamic)
     model = _core.exported_program_to_ir(program, registry=torchlib_registry())
     passes.InlinePass()(model)
     passes.RemoveUnusedFunctionsPass()(model)
@@ -273,6 +283,47 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
     optimizer.fold_constants(model)
     optimizer.remove_unused_nodes(model)
     return ir.serde.serialize_model(model), specialised
+
+
+def _dynamic_dims(call: Call) -> tuple:
+    return tuple({d: torch.export.Dim.AUTO for d, s in enumerate(i.shape) if s is None} for i in _flat_tensors(call))
+
+
+def _trace(call: Call, fn, hint: int, dynamic, must_stay_dynamic: bool) -> tuple:
+    examples = tuple(i.example(hint) for i in _flat_tensors(call))
+    program = torch.export.export(_CallModule(call, fn), examples, dynamic_shapes=(dynamic,), strict=False)
+    return program, (_check_still_dynamic(call, program, dynamic) if must_stay_dynamic else False)
+
+
+def _reused(function):
+    """Keeps the last few results of ``function`` (exceptions too, raised again). The forms of one
+    call are translated one after the other, mostly at one opset: they share the op's
+    torch.export and its core-ATen decomposition, about a third of a translation each. (Nothing
+    downstream changes an ExportedProgram: run_decompositions and the exporter return new ones.)"""
+    @functools.lru_cache(maxsize=16)
+    def kept(*args):
+        try:
+            return function(*args), None
+        except Exception as exc:  # noqa: BLE001 - raised again to each caller
+            return None, exc
+
+    @functools.wraps(function)
+    def wrapper(*args):
+        result, exc = kept(*args)
+        if exc is not None:
+            raise exc
+        return result
+    return wrapper
+
+
+@_reused
+def _traced(call: Call, hint: int, must_stay_dynamic: bool) -> tuple:
+    return _trace(call, None, hint, _dynamic_dims(call), must_stay_dynamic)
+
+
+@_reused
+def _core_decomposed(call: Call, hint: int, must_stay_dynamic: bool):
+    return _decompose(call, _traced(call, hint, must_stay_dynamic)[0], Form.CORE_ATEN)
 
 
 def _nodes_of(proto: onnx.ModelProto) -> list:
