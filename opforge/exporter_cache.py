@@ -35,6 +35,7 @@ _active = 0  # nesting depth of reused_exporter_setup (over all threads)
 _restore: list = []  # (object, attribute, original value) of what is patched while _active
 _REGISTRIES: dict = {}  # opset -> (registered op count, torchlib's registry)
 _CIA_OPS: dict = {}
+_ORIGINALS: dict = {}  # torch's own ONNXRegistry.from_torchlib, kept when first patched
 
 
 def _registered_op_count() -> int:
@@ -71,8 +72,6 @@ def fresh_registry(opset_version: int = 18):
     copy.functions = {target: list(metas) for target, metas in shared.functions.items()}
     return copy
 
-
-_ORIGINALS: dict = {}
 
 
 def _from_torchlib_once(cls, opset_version=18):

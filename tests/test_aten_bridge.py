@@ -451,3 +451,19 @@ def test_take_along_dim_broadcasts_dynamic_batches_at_run_time(dim, opset):
         torch.testing.assert_close(torch.from_numpy(out), expected, rtol=0, atol=0)
         checked += 1
     assert checked >= 4
+
+
+def test_the_forms_of_one_call_share_its_torch_export(monkeypatch):
+    # tril at opset 11: torchlib's Trilu needs opset 14, so the decomposed form is translated too;
+    # both start from one torch.export of the op.
+    monkeypatch.delenv("OPFORGE_ATEN_CACHE_DIR", raising=False)
+    translation._translate_cached.cache_clear()
+    translation._traced.cache_clear()
+    bridge.lowered.cache_clear()
+    traced, forms = [], []
+    real_export, real_translate = torch.export.export, translation._translate
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: traced.append(1) or real_export(*a, **k))
+    monkeypatch.setattr(translation, "_translate", lambda call, form: forms.append(form) or real_translate(call, form))
+    sample = SAMPLES["tril"]
+    _check_round_trip(sample, sample.inputs(torch.float32), 11, torch.float32)
+    assert forms[:2] == [translation.Form.DIRECT, translation.Form.DECOMPOSED] and len(traced) == 1

@@ -313,6 +313,7 @@ def _reused(function):
         if exc is not None:
             raise exc
         return result
+    wrapper.cache_clear = kept.cache_clear
     return wrapper
 
 
