@@ -15,6 +15,9 @@ Neither changes between two exports unless ops are registered in between, so ins
   because the exporter adds the ``custom_translation_table`` to the registry it gets.
 * torch's CompositeImplicitAutograd list is kept, keyed by the op namespaces and that dispatch
   key's registration count.
+* ``torch._ops.Callable`` is typing's (cached subscriptions) instead of collections.abc's:
+  ``OperatorBase.py_impl`` evaluates ``Callable[_P, _T]`` annotations at each of its calls, and
+  every decomposition pass makes thousands (py-spy: 28% of the ATen bridge's translation time).
 
 The exported models are the same bytes (tests/test_export_speed.py). Where torch's internals do
 not have these names, nothing is patched and the exporter runs as it always did. This module
@@ -71,7 +74,6 @@ def fresh_registry(opset_version: int = 18):
     copy.__dict__.update(shared.__dict__)
     copy.functions = {target: list(metas) for target, metas in shared.functions.items()}
     return copy
-
 
 
 def _from_torchlib_once(cls, opset_version=18):
