@@ -17,12 +17,29 @@ def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # hand out work in the order below, not by group size
     if hasattr(config, "workerinput"):
+        _one_share_of_the_cores(config.workerinput.get("workercount", 1))
         return
     config._opforge_tmp = tempfile.mkdtemp(prefix="opforge-tests-")
     os.environ["OPFORGE_TEST_GROUPS"] = os.path.join(config._opforge_tmp, "groups.json")
     if not os.environ.get("OPFORGE_ATEN_CACHE_DIR"):
         os.environ["OPFORGE_ATEN_CACHE_DIR"] = os.path.join(config._opforge_tmp, "aten-cache")
         config._opforge_owns_cache = True
+
+
+def _one_share_of_the_cores(workers: int) -> None:
+    # Each xdist worker (and each process it starts: tutorials, generated packages' tests, fuzz
+    # batches) gets cores / workers intra-op threads. By default each takes every core: on 2
+    # cores, 2 workers run 4 OpenMP threads, and a kernel that goes parallel waits at its
+    # barrier for a thread the other worker has descheduled. Measured: the gradchecks of
+    # test_torchvision_drop_in take 10-16 s each in the suite and 0.5-1 s alone (the module:
+    # 67 s on 2 workers, 28 s with 1 thread each). The kernels' multi-threaded paths are
+    # checked on purpose, at set thread counts (tests/test_thread_counts.py, the ORT tests'
+    # intra_op_num_threads). A caller's OMP_NUM_THREADS is kept.
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, int(workers)))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
 def pytest_unconfigure(config):
