@@ -7,7 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh"
 cd "$root"
-workers=("-n" "${OPFORGE_TEST_WORKERS:-2}" "--dist" "loadgroup")
+# --max-worker-restart=0: a worker that crashes (a segfault) fails the run at once, naming the
+# test; restarted, it left the crashed test's group unscheduled and the run waiting (seen once).
+workers=("-n" "${OPFORGE_TEST_WORKERS:-2}" "--dist" "loadgroup" "--max-worker-restart=0")
 for arg in "$@"; do
   case "$arg" in -n|-n*|--numprocesses*|no:xdist|-pno:xdist) workers=() ;; esac
 done

@@ -2,7 +2,9 @@
 CompositeImplicitAutograd list built once per process while opforge exports, not once per export.
 The models must not change: the same bytes as torch's own exporter writes without the cache."""
 
+import pytest
 import torch
+from torch._C import DispatchKey
 from torch.onnx._internal.exporter import _registration
 
 import opforge
@@ -67,9 +69,29 @@ def test_registering_ops_builds_the_registry_anew():
 def test_torch_is_left_as_it_was_after_the_export():
     from torch.export import exported_program
 
-    before = (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops)
+    before = (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops,
+              torch._ops.OperatorBase.__dict__["py_impl"])
     with exporter_cache.reused_exporter_setup():
         with exporter_cache.reused_exporter_setup():  # nested: the inner exit restores nothing
             pass
         assert _registration.ONNXRegistry.__dict__["from_torchlib"] is not before[0]
-    assert (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops) == before
+    assert (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops,
+            torch._ops.OperatorBase.__dict__["py_impl"]) == before
+
+
+def test_the_short_py_impl_registers_as_torchs_does_and_keeps_its_errors():
+    lib = torch.library.Library("opforge_py_impl_test", "DEF")  # noqa: F841 - kept alive while checked
+    lib.define("probe(Tensor x) -> Tensor")
+    op = torch.ops.opforge_py_impl_test.probe.default
+    kernel = lambda x: x  # noqa: E731
+    with exporter_cache.reused_exporter_setup():
+        assert torch._ops.OperatorBase.__dict__["py_impl"] is not exporter_cache._ORIGINALS["py_impl"]
+        op._dispatch_cache[DispatchKey.AutogradCPU] = "stale"
+        assert op.py_impl(DispatchKey.AutogradCPU)(kernel) is kernel
+        assert op.py_kernels[DispatchKey.AutogradCPU] is kernel and not op._dispatch_cache  # the cache is cleared
+        with pytest.raises(RuntimeError, match="Trying to override a python impl for DispatchKey.AutogradCPU"):
+            op.py_impl(DispatchKey.AutogradCPU)(kernel)
+        with pytest.raises(AssertionError, match="register a mode"):
+            op.py_impl(DispatchKey.Python)(kernel)
+    assert op.py_kernels == {DispatchKey.AutogradCPU: kernel}
+    op.py_kernels.clear()

@@ -13,7 +13,6 @@ import inspect
 from typing import Callable, Optional, Sequence
 
 import torch
-from onnxscript import values as _osv
 
 from ..spec import REGISTRY, AttrArg, OpSpec
 from . import lowering
@@ -33,7 +32,11 @@ def _with_signature(fn: Callable, spec: OpSpec) -> Callable:
 @functools.lru_cache(maxsize=None)
 def custom_translation(spec: OpSpec) -> Callable:
     """Translation emitting one node of the custom domain (needs the OpSchema registered)."""
-    opset = _osv.Opset(spec.domain, spec.domain_version)
+    # onnxscript (with onnx_ir and sympy) takes about a second to import: paid by the first
+    # dynamo export, not by every `import opforge` (ORT-only and eager-only processes too)
+    from onnxscript import values
+
+    opset = values.Opset(spec.domain, spec.domain_version)
 
     def translation(*values):
         inputs, attrs = spec.split_args(values)
