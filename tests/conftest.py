@@ -37,7 +37,8 @@ def _one_share_of_the_cores(workers: int) -> None:
     # intra_op_num_threads). A caller's OMP_NUM_THREADS is kept.
     if "OMP_NUM_THREADS" in os.environ:
         return
-    threads = max(1, len(os.sched_getaffinity(0)) // max(1, int(workers)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(1, int(workers)))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 

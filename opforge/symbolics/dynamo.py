@@ -34,9 +34,9 @@ def custom_translation(spec: OpSpec) -> Callable:
     """Translation emitting one node of the custom domain (needs the OpSchema registered)."""
     # onnxscript (with onnx_ir and sympy) takes about a second to import: paid by the first
     # dynamo export, not by every `import opforge` (ORT-only and eager-only processes too)
-    from onnxscript import values
+    from onnxscript import values as onnxscript_values
 
-    opset = values.Opset(spec.domain, spec.domain_version)
+    opset = onnxscript_values.Opset(spec.domain, spec.domain_version)
 
     def translation(*values):
         inputs, attrs = spec.split_args(values)
