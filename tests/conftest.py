@@ -1,3 +1,4 @@
+import gc
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import torch
 
 
 def pytest_configure(config):
+    _collect_less_often()
     # One translation cache for the whole run (opforge.aten.translation.DiskCache), shared by
     # every test, xdist worker and subprocess: the ATen round trips, the coverage measurement
     # and the tutorials export the same calls, and a translation costs about a second. It is
@@ -24,6 +26,16 @@ def pytest_configure(config):
     if not os.environ.get("OPFORGE_ATEN_CACHE_DIR"):
         os.environ["OPFORGE_ATEN_CACHE_DIR"] = os.path.join(config._opforge_tmp, "aten-cache")
         config._opforge_owns_cache = True
+
+
+def _collect_less_often() -> None:
+    # A test process holds torch, onnx, onnxscript and ORT: a full pass of Python's collector over
+    # it takes ~0.4 s, and at the default thresholds (700, 10, 10) the exports and fake-tensor
+    # traces of the tests trigger one every few seconds. Measured, in one process: round trips of
+    # test_deform_conv2d_onnx, test_aten_lowerings, test_my_add_onnx and test_check_op 205 s, of
+    # them 31 s collecting (47 full passes); young passes every 50,000 allocations instead: 181 s,
+    # 7 s collecting (2 full passes). Cycles are still collected; what a test checks is unchanged.
+    gc.set_threshold(50_000, 20, 20)
 
 
 def _one_share_of_the_cores(workers: int) -> None:
