@@ -467,3 +467,31 @@ def test_the_forms_of_one_call_share_its_torch_export(monkeypatch):
     sample = SAMPLES["tril"]
     _check_round_trip(sample, sample.inputs(torch.float32), 11, torch.float32)
     assert forms[:2] == [translation.Form.DIRECT, translation.Form.DECOMPOSED] and len(traced) == 1
+
+
+@pytest.mark.parametrize("no_onnx_function", [True, False])
+def test_a_translation_torchlib_has_no_function_for_is_refused_at_the_first_size_hint(monkeypatch, no_onnx_function):
+    # Another size hint traces the same ops: a missing ONNX function fails at every hint, so the
+    # bridge stops at the first. Any other failure (torch.export refusing a size, say) may be
+    # the size's: every hint is tried, and the last one's error reported.
+    from torch.onnx._internal.exporter._errors import DispatchError
+
+    call = binding.Call("aten::fft_ihfftn", (binding.TensorInfo(torch.float32, (None, 4, 6)), (4, 6), (1, 2), None))
+    tried = []
+
+    def failing(call, fn, form, hint, dynamic, must_stay_dynamic):
+        tried.append(hint)
+        cause = DispatchError(f"No ONNX function found for aten._fft_r2c at {hint}") if no_onnx_function else \
+            RuntimeError(f"the size {hint} does not fit")
+        raise RuntimeError("exporting failed") from cause
+
+    monkeypatch.setattr(translation, "_exported", failing)
+    with pytest.raises(errors.BridgeError) as refused:
+        translation._translate(call, translation.Form.DIRECT)
+    if no_onnx_function:
+        assert tried == [binding.DYNAMIC_DIM_HINT]
+        assert str(refused.value) == ("aten::fft_ihfftn: the dynamo exporter cannot translate it either "
+                                      f"(DispatchError: No ONNX function found for aten._fft_r2c at {tried[0]})")
+    else:
+        assert len(tried) > 2 and tried[0] == binding.DYNAMIC_DIM_HINT and len(set(tried)) == len(tried)
+        assert str(refused.value).endswith(f"(RuntimeError: the size {tried[-1]} does not fit)")
