@@ -2,13 +2,12 @@
 
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from opforge.aten import bridge, coverage, rules, samples
+from preloaded_python import run_python
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +105,9 @@ def test_ops_counted_beyond_dynamo_really_fail_in_dynamo(name):
 
 
 def test_cli_prints_the_table_and_refuses_unknown_opsets():
-    out = subprocess.run([sys.executable, "-m", "opforge.cli", "coverage", "--opsets", "17,20", "-q"],
-                         capture_output=True, text=True, cwd="/")
+    out = run_python(["-m", "opforge.cli", "coverage", "--opsets", "17,20", "-q"], cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| 17 |" in out.stdout and "| 20 |" in out.stdout and "Internal ops" in out.stdout
     assert "Torch IR graph" not in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "opforge.cli", "coverage", "--opsets", "21"],
-                         capture_output=True, text=True, cwd="/")
+    bad = run_python(["-m", "opforge.cli", "coverage", "--opsets", "21"], cwd="/")
     assert bad.returncode == 2 and "9..20" in bad.stderr

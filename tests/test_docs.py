@@ -1,13 +1,14 @@
 """The documentation cannot rot: every ```python block of README.md and docs/*.md runs, each in
-a fresh process outside the repository (so the installed opforge is what it imports), and every
+a process of its own outside the repository (so the installed opforge is what it imports; forked
+from one that has imported torch, tests/preloaded_python.py), and every
 relative link points at a file that exists."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from preloaded_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -33,7 +34,7 @@ def test_every_page_has_been_found():
 
 @pytest.mark.parametrize("code", list(_blocks()))
 def test_python_snippet_runs(code, tmp_path):
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    run = run_python(["-c", code], cwd=tmp_path, timeout=600)
     assert run.returncode == 0, f"snippet failed:\n{code}\n--- stderr\n{run.stderr[-4000:]}"
 
 

@@ -1,6 +1,7 @@
 """The fuzz suite (tests/fuzz.py) in CI: every op through torch and ONNX Runtime, random shapes,
 attributes and dtypes, valid and invalid. Each batch runs in its own process, so a crash or a
-hang fails only its test, which names the case (and the command that reruns it alone).
+hang fails only its test, which names the case (and the command that reruns it alone). The
+process is forked from one that has imported torch (tests/preloaded_python.py).
 
 Fixed seed; about a minute on 2 cores. Long runs: OPFORGE_FUZZ_SCALE=20 (20x the cases) and
 OPFORGE_FUZZ_SEED=<n> (other cases), e.g.
@@ -10,10 +11,11 @@ OPFORGE_FUZZ_SEED=<n> (other cases), e.g.
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from preloaded_python import run_python
 
 FUZZ = Path(__file__).with_name("fuzz.py")
 SCALE = float(os.environ.get("OPFORGE_FUZZ_SCALE", "1"))
@@ -30,11 +32,11 @@ BATCHES = [(target, b) for target, n in PLAN.items() for b in range(max(1, round
 @pytest.mark.parametrize("target,batch", BATCHES, ids=[f"{t}-{b}" for t, b in BATCHES])
 def test_fuzz_batch(target, batch):
     first = batch * BATCH
-    cmd = [sys.executable, str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first),
+    args = [str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first),
            "--cases", str(BATCH)]
     timeout = 240  # a batch takes seconds: anything near this is a hang
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=FUZZ.parent.parent)
+        proc = run_python(args, timeout=timeout, cwd=FUZZ.parent.parent, text=False)
         out, err, rc, what = proc.stdout.decode(), proc.stderr.decode(), proc.returncode, None
     except subprocess.TimeoutExpired as e:  # its output so far is bytes, text=True or not
         out, err, rc = (e.stdout or b"").decode(), (e.stderr or b"").decode(), None

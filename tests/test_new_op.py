@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import needed_libraries, run_paths, scratch_venv, without_cuda
+from preloaded_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG, NAME, DOMAIN = "opf_example_ops", "swish", "com.example.ops"
@@ -24,8 +25,11 @@ def _nvcc() -> bool:
 
 
 def _run(args, **kwargs):
-    out = subprocess.run(args, capture_output=True, text=True, **kwargs)
-    return out
+    """``args`` run to completion, output captured; a Python (not pip, which changes the venv)
+    forked from a server of that interpreter that has imported torch (tests/preloaded_python.py)."""
+    if os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
+        return run_python(args[1:], python=args[0], **kwargs)
+    return subprocess.run(args, capture_output=True, text=True, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +325,6 @@ def test_new_op_cli_errors_are_clear(tmp_path):
         (["new-op", NAME, "--package", "opforge", "--dir", str(tmp_path / "b")], "clash"),
         (["new-op", NAME, "--package", PKG, "--domain", "ai.onnx", "--dir", str(tmp_path / "c")], "choose your own"),
     ):
-        run = _run([sys.executable, "-m", "opforge", *args], cwd=tmp_path)
+        run = run_python(["-m", "opforge", *args], cwd=tmp_path)
         assert run.returncode == 1 and words in run.stderr, (args, run.stderr)
     assert not (tmp_path / "a").exists()

@@ -30,6 +30,7 @@ import torch
 
 import opforge
 from helpers import scratch_venv
+from preloaded_python import run_python
 from opforge.scaffold import new_op, parse_schema
 from opforge.testing import Sample, check_op
 
@@ -54,6 +55,10 @@ def _nvcc() -> bool:
 
 
 def _run(args, **kwargs):
+    """``args`` run to completion, output captured; a Python (not pip, which changes the venv)
+    forked from a server of that interpreter that has imported torch (tests/preloaded_python.py)."""
+    if os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
+        return run_python(args[1:], python=args[0], **kwargs)
     return subprocess.run(args, capture_output=True, text=True, **kwargs)
 
 

@@ -18,6 +18,7 @@ from opforge.aten import fallback
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
 
 from helpers import scratch_venv
+from preloaded_python import run_python
 
 NS, DOMAIN = "opf_proto_t", "com.example.proto"
 
@@ -316,9 +317,8 @@ def prototype_package(tmp_path_factory):
     base = tmp_path_factory.mktemp("proto_pkg")
     python = scratch_venv(base)
     pkg_dir = base / "opf_proto_pkg"
-    gen = subprocess.run([python, "-m", "opforge", "new-op", "swish", "--package", "opf_proto_pkg", "--domain",
-                          "com.example.protopkg", "--prototype", "--dir", str(pkg_dir)],
-                         capture_output=True, text=True, cwd=base)
+    gen = run_python(["-m", "opforge", "new-op", "swish", "--package", "opf_proto_pkg", "--domain",
+                      "com.example.protopkg", "--prototype", "--dir", str(pkg_dir)], python=python, cwd=base)
     assert gen.returncode == 0, gen.stderr
     assert "prototype: numpy kernel, no C++" in gen.stdout
     install = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
@@ -337,20 +337,19 @@ def test_generated_prototype_package_is_pure_python(prototype_package):
 
 def test_generated_prototype_package_installs_and_passes_its_tests(prototype_package):
     python, pkg_dir = prototype_package
-    run = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg_dir)], capture_output=True,
-                         text=True, cwd=pkg_dir.parent)
+    run = run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg_dir)], python=python, cwd=pkg_dir.parent)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout and "skipped" not in run.stdout
 
 
 def test_import_makes_the_torch_op_and_info_shows_it(prototype_package):
     python, pkg_dir = prototype_package
-    check = subprocess.run([python, "-c", "import torch, opf_proto_pkg; x = torch.linspace(-3, 3, 7, dtype=torch.float64);"
-                            "print(torch.ops.opf_proto_pkg.swish(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item())"],
-                           capture_output=True, text=True, cwd=pkg_dir.parent)
+    check = run_python(["-c", "import torch, opf_proto_pkg; x = torch.linspace(-3, 3, 7, dtype=torch.float64);"
+                        "print(torch.ops.opf_proto_pkg.swish(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item())"],
+                       python=python, cwd=pkg_dir.parent)
     assert check.returncode == 0, check.stderr
     assert float(check.stdout) < 1e-15
-    info = subprocess.run([python, "-m", "opforge", "info"], capture_output=True, text=True, cwd=pkg_dir.parent)
+    info = run_python(["-m", "opforge", "info"], python=python, cwd=pkg_dir.parent)
     assert info.returncode == 0, info.stderr
     import onnxruntime_extensions
 

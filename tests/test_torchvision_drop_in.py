@@ -15,8 +15,6 @@ kernels). Every behaviour is checked on both APIs (the ``api`` fixture):
 import io
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import opforge
+from preloaded_python import run_python
 
 ORIGINAL_TV_FUNCTIONAL = torchvision.ops.deform_conv2d
 
@@ -521,5 +520,5 @@ def test_opforge_module_is_torchvisions_for_isinstance_and_pickles():
 
 def test_import_opforge_does_not_import_torchvision():
     code = "import sys, opforge; assert 'torchvision' not in sys.modules; opforge.DeformConv2d; print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    out = run_python(["-c", code], cwd=os.path.dirname(__file__))  # torch preloaded, torchvision not
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

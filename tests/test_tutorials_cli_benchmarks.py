@@ -1,19 +1,20 @@
 """The tutorials run as written, the CLI behaves like a CLI, the benchmarks produce their ratios."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from preloaded_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 
 
 def run(args, cwd):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    """``python ARGS`` in ``cwd`` (forked from a process that has imported torch: tests/preloaded_python.py)."""
+    return run_python(args, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,239 @@
+"""``run_python(args)``: ``python ARGS`` for the tests, in ~0.1 s of start-up instead of ~4 s.
+
+Why: a fresh interpreter spends 3-3.5 s of CPU importing torch and ~1 s tearing it down again
+(measured on the 2-core CI machine: ``python -c "import torch"`` 4.0-4.5 s, the same ending in
+``os._exit`` 2.6-3.2 s; tutorial 01 as a fresh process 12.0-12.6 s, forked 6.5 s). The suite
+starts about eighty such processes for scripts (tutorials, benchmarks, the CLI, documentation
+snippets, fuzz batches, generated packages' checks and tests) whose start-up is not what they test.
+
+How: a server process per interpreter (this one; a scratch venv's) imports torch (and numpy,
+which torch pulls in) once, then forks a child for each run. The child is the run: it takes the
+run's argv, working directory, environment, stdin (/dev/null), stdout and stderr, runs the
+script, module or ``-c`` code as ``__main__`` in a fresh ``__main__`` module (its own globals: a
+script that forgets ``import torch`` still fails), exits as an interpreter does (non-daemon
+threads joined, atexit handlers run, streams flushed) and skips only the interpreter's teardown
+(``os._exit``). Its exit status is the script's, -N for a signal, as ``subprocess`` reports it.
+
+What differs from a fresh process is that torch and numpy are already imported, with the
+environment and site-packages the server started with. So a server is started again when either
+changed (pytest's PYTEST_CURRENT_TEST aside; an editable install adds a .pth file), and a run goes
+to a plain ``subprocess.run`` where the difference could matter: interpreter options before the
+script (``-I``, ``-X``, ...), an environment of its own (``env=`` other than os.environ: torch's
+import would not have seen it), or ``fresh=True``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+#: The server: preloads, then forks one child per request line read from stdin; writes
+#: {"pid": ...} when a child started and {"status": ...} (waitpid's) when it ended.
+_SERVER = r'''
+import builtins, io, json, os, sys, threading, traceback, types
+import numpy, torch  # the preload (torch imports numpy anyway)
+
+def _streams(request):
+    os.setpgid(0, 0)  # the run and what it starts: one group, killed together on a timeout
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
+                            (2, request["stderr"], os.O_WRONLY)):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    # as a fresh interpreter sets them up for files and pipes
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
+                                                   line_buffering=True)
+
+def _main_module(file=None):
+    module = types.ModuleType("__main__")
+    module.__builtins__ = builtins
+    if file is not None:
+        module.__file__ = file
+    sys.modules["__main__"] = module
+    return module
+
+def _run(argv):
+    import runpy
+    if argv[0] == "-c":
+        sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+        exec(compile(argv[1], "<string>", "exec"), _main_module().__dict__)
+    elif argv[0] == "-m":
+        sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
+        _main_module()
+        runpy._run_module_as_main(argv[1], alter_argv=True)
+    else:
+        path = argv[0]
+        sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(path))
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec"), _main_module(path).__dict__)
+
+def _child(request):
+    code = 0
+    try:
+        _streams(request)
+        _run(request["argv"])
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException as exc:
+        # without this server's two frames (_child, _run), as the interpreter prints it
+        tb = exc.__traceback__
+        tb = tb.tb_next.tb_next if tb is not None and tb.tb_next is not None else tb
+        traceback.print_exception(type(exc), exc, tb)
+        code = 1
+    try:  # what Py_FinalizeEx does before tearing down: join threads, run atexit, flush
+        threading._shutdown()
+        import atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush(); sys.stderr.flush()
+    except BaseException:
+        code = code or 1
+    os._exit(code & 0xFF)
+
+control_in, control_out = sys.stdin.buffer, sys.stdout.buffer
+for line in control_in:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        _child(request)
+    try:
+        os.setpgid(pid, pid)  # also here: the group exists before the test can signal it
+    except OSError:
+        pass
+    control_out.write((json.dumps({"pid": pid}) + "\n").encode()); control_out.flush()
+    _, status = os.waitpid(pid, 0)
+    control_out.write((json.dumps({"status": status}) + "\n").encode()); control_out.flush()
+'''
+
+_LOCK = threading.Lock()
+_MAX_SERVERS = 2  # each holds torch (~0.4 GB): the main interpreter's and one scratch venv's
+_servers: dict = {}  # interpreter -> {"proc": the server, "state": what it started with}
+
+
+def _site_state(python: str) -> tuple:
+    """What a server of ``python`` read at start-up and a later change would hide from it: the
+    environment, and the .pth files (editable installs) of its venv's site-packages."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    pth = []
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        for site in glob.glob(os.path.join(venv, "lib", "python*", "site-packages")):
+            with contextlib.suppress(OSError):
+                pth += [(e.path, e.stat().st_mtime_ns) for e in os.scandir(site) if e.name.endswith(".pth")]
+    return tuple(sorted(_environment().items())), tuple(sorted(pth))
+
+
+def _environment(env=None) -> dict:
+    """``env`` (default: os.environ) without what pytest changes at every test (each run gets
+    the whole environment of its moment; only a change of the rest restarts a server)."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def _server(python: str) -> subprocess.Popen:
+    state = _site_state(python)
+    entry = _servers.pop(python, None)  # (re-inserted below: the dict's order is the use order)
+    if entry is not None and (entry["proc"].poll() is not None or entry["state"] != state):
+        _stop(entry["proc"])
+        entry = None
+    if entry is None:
+        while len(_servers) >= _MAX_SERVERS:
+            _stop(_servers.pop(next(iter(_servers)))["proc"])
+        proc = subprocess.Popen([python, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
+                                env=dict(os.environ))
+        entry = {"proc": proc, "state": state}
+    _servers[python] = entry
+    return entry["proc"]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@atexit.register
+def _stop_all() -> None:
+    while _servers:
+        _stop(_servers.popitem()[1]["proc"])
+
+
+def _read_line(proc: subprocess.Popen, deadline: float | None) -> dict | None:
+    """The server's next message, or None at the deadline."""
+    fd = proc.stdout.fileno()
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    ready, _, _ = select.select([fd], [], [], timeout)
+    if not ready:
+        return None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError("the preloaded-python server exited")
+    return json.loads(line)
+
+
+def _forkable(args, env, fresh: bool) -> bool:
+    if fresh or not args or os.name != "posix":
+        return False
+    if env is not None and _environment(env) != _environment():  # (servers start with os.environ)
+        return False
+    if args[0] in ("-c", "-m"):
+        return len(args) >= 2
+    return not args[0].startswith("-")
+
+
+def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True,
+               fresh=False) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *args], capture_output=True, ...)`` (``python``: this interpreter
+    unless given, a scratch venv's say), started from a preloaded server of that interpreter where
+    nothing can tell the difference (module docstring). Raises ``subprocess.TimeoutExpired``
+    (with the output so far) past ``timeout``, as subprocess.run does."""
+    python = str(python or sys.executable)
+    args = [str(a) for a in args]
+    cmd = [python, *args]
+    if not _forkable(args, env, fresh):
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=text, timeout=timeout)
+    with _LOCK, tempfile.TemporaryDirectory(prefix="opforge-run-") as tmp:
+        proc = _server(python)
+        paths = {name: os.path.join(tmp, name) for name in ("stdout", "stderr")}
+        for path in paths.values():
+            open(path, "wb").close()
+        request = {"argv": args, "cwd": os.path.abspath(cwd or os.getcwd()), "env": dict(env or os.environ),
+                   **paths}
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        pid = _read_line(proc, None)["pid"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = _read_line(proc, deadline)
+        if done is None:  # past the timeout: the run and everything it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _read_line(proc, None)
+        out, err = (open(paths[n], "rb").read() for n in ("stdout", "stderr"))
+        if text:  # as subprocess's text mode reads them: decoded, universal newlines
+            out, err = (b.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n") for b in (out, err))
+        if done is None:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(done["status"]), out, err)
+

@@ -1,0 +1,75 @@
+"""tests/preloaded_python.py runs ``python ARGS`` as a fresh interpreter would, as far as a script
+can tell: these compare it with real subprocesses."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import preloaded_python
+from preloaded_python import run_python
+
+
+def _fresh(args, **kwargs):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("code", [
+    "import sys; print(sys.argv, __name__, repr(__doc__)); sys.exit(3)",
+    "raise SystemExit('a message')",
+    "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+    "print(torch.ones(1))",  # preloaded, yet not in the script's globals
+    "import atexit, threading, time; atexit.register(print, 'atexit');"
+    "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+    "import sys; print('partial', end=''); sys.stderr.write('err\\n'); 1 / 0",
+])
+def test_a_run_looks_like_a_fresh_interpreter(code, tmp_path):
+    ours, theirs = run_python(["-c", code, "x"], cwd=tmp_path), _fresh(["-c", code, "x"], cwd=tmp_path)
+    assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout)
+    assert ours.stderr.splitlines()[-1:] == theirs.stderr.splitlines()[-1:]
+    assert ("Traceback" in ours.stderr) == ("Traceback" in theirs.stderr)
+    if "Traceback" in theirs.stderr:  # the user's frames only, not the server's
+        assert ours.stderr.count('File "') == theirs.stderr.count('File "'), ours.stderr
+
+
+def test_scripts_and_modules_get_their_argv_path_and_directory(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import os, sys\nprint(__file__, sys.argv, sys.path[0], os.getcwd(), os.environ['OPF_X'])\n")
+    os.environ["OPF_X"] = "1"  # a changed environment starts the server again
+    try:
+        for args in ([str(script), "a"], ["-m", "script", "b"]):
+            ours, theirs = run_python(args, cwd=tmp_path), _fresh(args, cwd=tmp_path)
+            assert ours.returncode == theirs.returncode == 0, ours.stderr
+            assert ours.stdout == theirs.stdout
+    finally:
+        del os.environ["OPF_X"]
+
+
+def test_a_run_past_its_timeout_is_killed_with_what_it_started(tmp_path):
+    code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True);"
+            "time.sleep(60)")
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        run_python(["-c", code], timeout=3, text=False)
+    assert time.monotonic() - start < 20
+    grandchild = int(info.value.stdout)
+    time.sleep(0.2)
+    try:  # gone, or a zombie that nobody has reaped yet (its parent was killed too)
+        state = open(f"/proc/{grandchild}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), state
+
+
+def test_what_the_server_cannot_mimic_runs_in_a_real_process(monkeypatch):
+    calls = []
+    real_run = subprocess.run
+    monkeypatch.setattr(preloaded_python.subprocess, "run", lambda *a, **k: calls.append(a[0]) or real_run(*a, **k))
+    assert run_python(["-I", "-c", "print(1)"]).stdout == "1\n"
+    assert run_python(["-c", "import os; print(os.environ['OPF_Y'])"], env=dict(os.environ, OPF_Y="2")).stdout == "2\n"
+    assert run_python(["-c", "import sys; print('torch' in sys.modules)"], fresh=True).stdout == "False\n"
+    assert len(calls) == 3
+    assert run_python(["-c", "import sys; print('torch' in sys.modules)"]).stdout == "True\n"  # the preload
+    assert len(calls) == 3
