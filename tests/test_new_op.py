@@ -24,10 +24,11 @@ def _nvcc() -> bool:
     return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
 
 
-def _run(args, **kwargs):
-    """``args`` run to completion, output captured; a Python (not pip, which changes the venv)
-    forked from a server of that interpreter that has imported torch (tests/preloaded_python.py)."""
-    if os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
+def _run(args, fresh=False, **kwargs):
+    """``args`` run to completion, output captured; a Python (not pip, which changes the venv;
+    not ``fresh``: a check of what the process imports) forked from a server of that
+    interpreter that has imported torch (tests/preloaded_python.py)."""
+    if not fresh and os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
         return run_python(args[1:], python=args[0], **kwargs)
     return subprocess.run(args, capture_output=True, text=True, **kwargs)
 
@@ -204,7 +205,7 @@ def test_new_op_library_runs_in_a_torch_free_process(scaffold):
         assert "torch" not in sys.modules, "torch got imported"
         print("ok")
     """)
-    run = _run([python, "-c", script], cwd="/")
+    run = _run([python, "-c", script], cwd="/", fresh=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
 
 
