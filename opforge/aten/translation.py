@@ -143,7 +143,7 @@ def _translate_cached(call: Call, form: Form):
 class DiskCache:
     """Translations kept in a directory (``OPFORGE_ATEN_CACHE_DIR``) across processes.
 
-    A translation costs about a second (``torch.export`` and the dynamo exporter's passes);
+    A translation costs about half a second (``torch.export`` and the dynamo exporter's passes);
     the next process that exports the same call (same overload, dtypes, shapes, constants and
     form) reads it back instead. Refusals are kept too: a refusal is asked again at every lower
     opset. The key also holds the versions of torch, onnxscript and onnx and a hash of
