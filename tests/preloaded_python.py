@@ -3,7 +3,7 @@
 Why: a fresh interpreter spends 3-3.5 s of CPU importing torch and ~1 s tearing it down again
 (measured on the 2-core CI machine: ``python -c "import torch"`` 4.0-4.5 s, the same ending in
 ``os._exit`` 2.6-3.2 s; tutorial 01 as a fresh process 12.0-12.6 s, forked 6.5 s). The suite
-starts about eighty such processes for scripts (tutorials, benchmarks, the CLI, documentation
+starts about seventy such processes for scripts (tutorials, benchmarks, the CLI, documentation
 snippets, fuzz batches, generated packages' checks and tests) whose start-up is not what they test.
 
 How: a server process per interpreter (this one; a scratch venv's) imports torch (and numpy,
