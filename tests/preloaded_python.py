@@ -237,3 +237,12 @@ def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
         return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(done["status"]), out, err)
 
+
+
+def run_command(cmd, *, fresh=False, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, where ``cmd`` starts a
+    Python interpreter (``cmd[0]`` named python*) through :func:`run_python`; pip stays a real
+    process (it changes the venv a server has read), as does a ``fresh`` run."""
+    if not fresh and os.path.basename(str(cmd[0])).startswith("python") and list(cmd[1:3]) != ["-m", "pip"]:
+        return run_python(cmd[1:], python=cmd[0], **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, **kwargs)

@@ -32,8 +32,7 @@ BATCHES = [(target, b) for target, n in PLAN.items() for b in range(max(1, round
 @pytest.mark.parametrize("target,batch", BATCHES, ids=[f"{t}-{b}" for t, b in BATCHES])
 def test_fuzz_batch(target, batch):
     first = batch * BATCH
-    args = [str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first),
-           "--cases", str(BATCH)]
+    args = [str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first), "--cases", str(BATCH)]
     timeout = 240  # a batch takes seconds: anything near this is a hang
     try:
         proc = run_python(args, timeout=timeout, cwd=FUZZ.parent.parent, text=False)

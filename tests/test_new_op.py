@@ -6,7 +6,6 @@ runs in a process that never imports torch."""
 
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import needed_libraries, run_paths, scratch_venv, without_cuda
-from preloaded_python import run_python
+from preloaded_python import run_command, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG, NAME, DOMAIN = "opf_example_ops", "swish", "com.example.ops"
@@ -24,13 +23,7 @@ def _nvcc() -> bool:
     return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
 
 
-def _run(args, fresh=False, **kwargs):
-    """``args`` run to completion, output captured; a Python (not pip, which changes the venv;
-    not ``fresh``: a check of what the process imports) forked from a server of that
-    interpreter that has imported torch (tests/preloaded_python.py)."""
-    if not fresh and os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
-        return run_python(args[1:], python=args[0], **kwargs)
-    return subprocess.run(args, capture_output=True, text=True, **kwargs)
+_run = run_command  # a Python forked from a torch-preloaded server (tests/preloaded_python.py)
 
 
 @pytest.fixture(scope="module")

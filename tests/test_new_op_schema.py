@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 import opforge
 from helpers import scratch_venv
-from preloaded_python import run_python
+from preloaded_python import run_command
 from opforge.scaffold import new_op, parse_schema
 from opforge.testing import Sample, check_op
 
@@ -54,12 +53,7 @@ def _nvcc() -> bool:
     return os.path.isfile("/usr/local/cuda/bin/nvcc") or shutil.which("nvcc") is not None
 
 
-def _run(args, **kwargs):
-    """``args`` run to completion, output captured; a Python (not pip, which changes the venv)
-    forked from a server of that interpreter that has imported torch (tests/preloaded_python.py)."""
-    if os.path.basename(str(args[0])).startswith("python") and args[1:3] != ["-m", "pip"]:
-        return run_python(args[1:], python=args[0], **kwargs)
-    return subprocess.run(args, capture_output=True, text=True, **kwargs)
+_run = run_command  # a Python forked from a torch-preloaded server (tests/preloaded_python.py)
 
 
 def _joined_literals(text: str) -> str:
