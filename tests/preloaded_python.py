@@ -7,14 +7,18 @@ starts about seventy such processes for scripts (tutorials, benchmarks, the CLI,
 snippets, fuzz batches, generated packages' checks and tests) whose start-up is not what they test.
 
 How: a server process per interpreter (this one; a scratch venv's) imports torch (and numpy,
-which torch pulls in) once, then forks a child for each run. The child is the run: it takes the
+which torch pulls in) and the export stack (torch.export with torch._dynamo, onnx, onnxscript's
+torchlib: another ~4 s of CPU in each run that exports) once, then forks a child for each run.
+Not onnxruntime (importing it starts a native thread, which a forked child would lack) and not
+opforge or torchvision (their import registers ops: a script that forgets to import them must
+still fail). The child is the run: it takes the
 run's argv, working directory, environment, stdin (/dev/null), stdout and stderr, runs the
 script, module or ``-c`` code as ``__main__`` in a fresh ``__main__`` module (its own globals: a
 script that forgets ``import torch`` still fails), exits as an interpreter does (non-daemon
 threads joined, atexit handlers run, streams flushed) and skips only the interpreter's teardown
 (``os._exit``). Its exit status is the script's, -N for a signal, as ``subprocess`` reports it.
 
-What differs from a fresh process is that torch and numpy are already imported, with the
+What differs from a fresh process is that these modules are already imported, with the
 environment and site-packages the server started with. So a server is started again when either
 changed (pytest's PYTEST_CURRENT_TEST aside; an editable install adds a .pth file), and a run goes
 to a plain ``subprocess.run`` where the difference could matter: interpreter options before the
@@ -42,6 +46,10 @@ import time
 _SERVER = r'''
 import builtins, io, json, os, sys, threading, traceback, types
 import numpy, torch  # the preload (torch imports numpy anyway)
+try:  # and the export stack most runs load: torch.export (with torch._dynamo), onnx, onnxscript's torchlib
+    import onnx, onnxscript.function_libs.torch_lib.ops, torch.export, torch.onnx._internal.exporter._core
+except ImportError:  # an interpreter without them (a bare scratch venv) still serves plain runs
+    pass
 
 def _streams(request):
     os.setpgid(0, 0)  # the run and what it starts: one group, killed together on a timeout

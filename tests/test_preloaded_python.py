@@ -72,4 +72,8 @@ def test_what_the_server_cannot_mimic_runs_in_a_real_process(monkeypatch):
     assert run_python(["-c", "import sys; print('torch' in sys.modules)"], fresh=True).stdout == "False\n"
     assert len(calls) == 3
     assert run_python(["-c", "import sys; print('torch' in sys.modules)"]).stdout == "True\n"  # the preload
+    # with the export stack, but nothing whose import registers ops or starts a thread
+    preloaded = ("import sys; print(*(m in sys.modules for m in "
+                 "('torch._dynamo', 'onnxscript', 'opforge', 'torchvision', 'onnxruntime')))")
+    assert run_python(["-c", preloaded]).stdout == "True True False False False\n"
     assert len(calls) == 3
