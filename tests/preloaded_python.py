@@ -47,7 +47,8 @@ _SERVER = r'''
 import builtins, io, json, os, sys, threading, traceback, types
 import numpy, torch  # the preload (torch imports numpy anyway)
 try:  # and the export stack most runs load: torch.export (with torch._dynamo), onnx, onnxscript's torchlib
-    import onnx, onnxscript.function_libs.torch_lib.ops, torch.export, torch.onnx._internal.exporter._core
+    import onnx, onnxscript.function_libs.torch_lib.ops, torch._dynamo, torch.export._trace
+    import torch.onnx._internal.exporter._core
 except ImportError:  # an interpreter without them (a bare scratch venv) still serves plain runs
     pass
 
