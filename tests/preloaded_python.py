@@ -23,7 +23,8 @@ environment and site-packages the server started with. So a server is started ag
 changed (pytest's PYTEST_CURRENT_TEST aside; an editable install adds a .pth file), and a run goes
 to a plain ``subprocess.run`` where the difference could matter: interpreter options before the
 script (``-I``, ``-X``, ...), an environment of its own (``env=`` other than os.environ: torch's
-import would not have seen it), or ``fresh=True``.
+import would not have seen it; but for opforge's OPFORGE_* switches, which only opforge reads, and
+a PYTHONPATH, which the child puts into sys.path as the interpreter would), or ``fresh=True``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def _main_module(file=None):
     sys.modules["__main__"] = module
     return module
 
+_STARTED_WITH_PYTHONPATH = "PYTHONPATH" in os.environ  # (then every run has the same one: _forkable)
+
+def _python_path(env):
+    # A PYTHONPATH of the run's own (the server started without one): its entries go right after
+    # sys.path[0], before site-packages, where the interpreter puts them.
+    if not _STARTED_WITH_PYTHONPATH:
+        sys.path[1:1] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
 def _run(argv):
     import runpy
     if argv[0] == "-c":
@@ -96,6 +105,7 @@ def _child(request):
     code = 0
     try:
         _streams(request)
+        _python_path(request["env"])
         _run(request["argv"])
     except SystemExit as exc:
         if exc.code is None:
@@ -205,11 +215,19 @@ def _read_line(proc: subprocess.Popen, deadline: float | None) -> dict | None:
 def _forkable(args, env, fresh: bool) -> bool:
     if fresh or not args or os.name != "posix":
         return False
-    if env is not None and _environment(env) != _environment():  # (servers start with os.environ)
+    if env is not None and not _only_read_after_the_preload(_environment(env), _environment()):
         return False
     if args[0] in ("-c", "-m"):
         return len(args) >= 2
     return not args[0].startswith("-")
+
+
+def _only_read_after_the_preload(env: dict, server_env: dict) -> bool:
+    """Whether ``env`` differs from the environment servers start with (os.environ) only in what
+    no preloaded module reads: opforge's OPFORGE_* switches (opforge is not preloaded), and a
+    PYTHONPATH where the server had none (the child puts it into sys.path)."""
+    changed = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
+    return all(k.startswith("OPFORGE_") or (k == "PYTHONPATH" and k not in server_env) for k in changed)
 
 
 def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True,

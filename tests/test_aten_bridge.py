@@ -6,8 +6,6 @@ import io
 import json
 import math
 import os
-import subprocess
-import sys
 
 import onnx
 import onnxruntime as ort
@@ -18,6 +16,7 @@ import opforge
 from opforge.aten import binding, bridge, compositions, coverage, errors, rules, samples, translation
 from opforge.aten.samples import SAMPLES
 
+from preloaded_python import run_python
 from helpers import Lambda
 
 OPSETS = (11, 17, 20)
@@ -156,7 +155,7 @@ def test_models_without_bridged_ops_do_not_load_the_bridge():
         "assert exporter_cache.built_registries() == []\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    out = run_python(["-c", code], cwd="/")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
@@ -181,8 +180,7 @@ def test_translations_persist_across_processes_in_the_disk_cache(tmp_path):
         "print(len(exporter_cache.built_registries()), hashlib.sha256(f.getvalue()).hexdigest())\n"
     )
     env = dict(os.environ, OPFORGE_ATEN_CACHE_DIR=str(tmp_path / "cache"))
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=env)
-            for _ in range(2)]
+    runs = [run_python(["-c", code], cwd="/", env=env) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-2000:]
     (loaded_first, model_first), (loaded_second, model_second) = (r.stdout.split() for r in runs)
     assert (loaded_first, loaded_second) == ("1", "0") and model_first == model_second
@@ -389,7 +387,7 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
         "got = sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), (x, s))})[0]\n"
         "print(json.dumps([got[0].tolist(), M()(x, s)[0].tolist()]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    out = run_python(["-c", code], cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
     torch_alone, eager = json.loads(out.stdout.strip().splitlines()[-1])
     assert eager == [2.0, 0.0, 1.0, 0.0]  # both rows for index 0 added

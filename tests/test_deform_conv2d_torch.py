@@ -1,8 +1,6 @@
 """deform_conv2d on the torch side, against torchvision.ops.deform_conv2d (forward and every gradient)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torchvision.ops import deform_conv2d as tv_deform_conv2d
 
 import opforge
+from preloaded_python import run_python
 from helpers import deform_inputs
 
 # (name, deform_inputs kwargs): mask/bias are toggled separately.
@@ -160,7 +159,7 @@ def test_every_cpu_isa_path_matches_torchvision(isa):
         """
     )
     env = dict(os.environ, OPFORGE_CPU_ISA=isa, PYTHONPATH=os.path.dirname(__file__))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    out = run_python(["-c", script], env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 

@@ -1,8 +1,6 @@
 """torch side of my_add: values, dtypes, broadcasting, autograd, opcheck, errors."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -11,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opforge
 from opforge.ops.my_add import MY_ADD
+from preloaded_python import run_python
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -203,5 +202,5 @@ def test_every_cpu_isa_path_is_exact(isa):
         """
     )
     env = dict(os.environ, OPFORGE_CPU_ISA=isa, PYTHONPATH=os.path.dirname(__file__))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    out = run_python(["-c", script], env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

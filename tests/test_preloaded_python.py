@@ -77,3 +77,22 @@ def test_what_the_server_cannot_mimic_runs_in_a_real_process(monkeypatch):
                  "('torch._dynamo', 'onnxscript', 'opforge', 'torchvision', 'onnxruntime')))")
     assert run_python(["-c", preloaded]).stdout == "True True False False False\n"
     assert len(calls) == 3
+
+
+def test_opforge_switches_and_a_pythonpath_of_the_runs_own_are_forked_as_the_interpreter_would(monkeypatch,
+                                                                                               tmp_path):
+    """No preloaded module reads OPFORGE_*; a PYTHONPATH goes into sys.path after the script's
+    directory, before site-packages (where it shadows an installed module of the same name)."""
+    calls = []
+    real_run = subprocess.run
+    monkeypatch.setattr(preloaded_python.subprocess, "run", lambda *a, **k: calls.append(a[0]) or real_run(*a, **k))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "onnxruntime.py").write_text("SHADOW = True\n")
+    code = "import os, sys, onnxruntime; print(os.environ['OPFORGE_PROBE'], sys.path[1], onnxruntime.SHADOW)"
+    env = dict(os.environ, OPFORGE_PROBE="on", PYTHONPATH=str(tmp_path))
+    assert run_python(["-c", code], env=env).stdout == f"on {tmp_path} True\n"
+    assert calls == []
+    assert run_python(["-c", "import sys; print(sys.path[1] == %r)" % str(tmp_path)]).stdout == "False\n"
+    # anything else of its own still takes a real process
+    assert run_python(["-c", "pass"], env=dict(env, OPF_NOT_A_SWITCH="1")).returncode == 0
+    assert len(calls) == 1
