@@ -146,7 +146,9 @@ for line in control_in:
 '''
 
 _LOCK = threading.Lock()
-_MAX_SERVERS = 2  # each holds torch (~0.4 GB): the main interpreter's and one scratch venv's
+_MAX_SERVERS = 3  # each holds torch and the export stack (~0.6 GB): the main interpreter's, a test module's
+# scratch venv's and a fresh one's (a wheel installed into it); with two, a worker alternating
+# between them started a server (~8 s of CPU) at each switch
 _servers: dict = {}  # interpreter -> {"proc": the server, "state": what it started with}
 
 
