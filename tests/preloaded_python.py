@@ -11,12 +11,12 @@ which torch pulls in) and the export stack (torch.export with torch._dynamo, onn
 torchlib: another ~4 s of CPU in each run that exports) once, then forks a child for each run.
 Not onnxruntime (importing it starts a native thread, which a forked child would lack) and not
 opforge or torchvision (their import registers ops: a script that forgets to import them must
-still fail). The child is the run: it takes the
-run's argv, working directory, environment, stdin (/dev/null), stdout and stderr, runs the
-script, module or ``-c`` code as ``__main__`` in a fresh ``__main__`` module (its own globals: a
-script that forgets ``import torch`` still fails), exits as an interpreter does (non-daemon
-threads joined, atexit handlers run, streams flushed) and skips only the interpreter's teardown
-(``os._exit``). Its exit status is the script's, -N for a signal, as ``subprocess`` reports it.
+still fail). The child is the run: it takes the run's argv, working directory, environment,
+stdin (/dev/null), stdout and stderr, runs the script, module or ``-c`` code as ``__main__`` in a
+fresh ``__main__`` module (its own globals: a script that forgets ``import torch`` still fails),
+exits as an interpreter does (non-daemon threads joined, atexit handlers run, streams flushed)
+and skips only the interpreter's teardown (``os._exit``). Its exit status is the script's, -N for
+a signal, as ``subprocess`` reports it.
 
 What differs from a fresh process is that these modules are already imported, with the
 environment and site-packages the server started with. So a server is started again when either
