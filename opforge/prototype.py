@@ -28,6 +28,13 @@ and fixes the outputs' shapes and dtypes, which ``impl``'s results must match.
 
 The price is per call: see ``benchmarks/bench_prototype.py``.
 
+Order: register every prototype op of a domain before creating the sessions that use it.
+onnxruntime-extensions keeps a domain's Python ops in one growing array that ONNX Runtime points
+into; defining another op of the domain can move it, and a session made before would then crash
+when it runs or is destroyed. ``register_prototype`` refuses to do that while a session or
+SessionOptions made by :func:`opforge.ort_session` points into the domain; with sessions made by
+hand (``ortx_library_path()``) the order is yours to keep.
+
 Errors in ONNX Runtime. onnxruntime-extensions 0.15 lets an exception raised by a Python op
 escape its C++ kernel, which terminates the process. opforge's ops never raise there: an
 error is kept, the outputs of that call are empty (the fake impl rejected the input) or NaN
@@ -38,6 +45,8 @@ gets a :class:`PrototypeKernelWarning` naming the op and the error instead.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import threading
 import warnings
@@ -168,13 +177,22 @@ def _expected_outputs(proto: Prototype, values: list) -> tuple:
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             hit = tuple((tuple(o.shape), o.dtype) for o in out)
         except (ValueError, TypeError, RuntimeError, IndexError) as exc:
-            hit = exc
-        if len(proto.fake_cache) >= _FAKE_CACHE_SIZE:
-            proto.fake_cache.clear()
-        proto.fake_cache[key] = hit
+            # Cached without its traceback: that holds the frames of this call and, up the stack,
+            # of every caller (the ORT session whose run called the kernel, the inputs), which
+            # would then live as long as the cache. This call's error keeps its traceback.
+            with contextlib.suppress(Exception):
+                _remember(proto, key, copy.copy(exc))
+            raise OpInputError(str(exc)) from exc
+        _remember(proto, key, hit)
     if isinstance(hit, BaseException):
         raise OpInputError(str(hit)) from hit
     return hit
+
+
+def _remember(proto: Prototype, key: tuple, hit) -> None:
+    if len(proto.fake_cache) >= _FAKE_CACHE_SIZE:
+        proto.fake_cache.clear()
+    proto.fake_cache[key] = hit
 
 
 def _attr_value(arg: AttrArg, value):
@@ -359,6 +377,7 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
     if ortx_version() is None:
         raise OpRegistrationError(f"opforge.register_prototype({spec.torch_qualname}): its ONNX Runtime kernel is an "
                                   f"onnxruntime-extensions Python op; pip install {ORTX_PIN}")
+    _check_ortx_table_not_in_use(spec)
     declared = _op_declared(spec)
     if declared and torch._C._dispatch_has_kernel_for_dispatch_key(spec.torch_qualname, "CPU"):
         raise OpRegistrationError(f"opforge.register_prototype: {spec.torch_qualname} has a CPU kernel already (a "
@@ -385,6 +404,29 @@ def register_prototype(spec: OpSpec, impl: Optional[Callable[..., Any]] = None) 
     _register_ortx_kernels(proto)
     PROTOTYPES[spec.onnx_qualname] = proto
     return op
+
+
+def _check_ortx_table_not_in_use(spec: OpSpec) -> None:
+    """onnxruntime-extensions 0.15 keeps the Python ops of a domain in one growing array and gives
+    ONNX Runtime pointers to its elements when its library is registered. Defining another op of
+    that domain can move the array; a session made before then calls freed memory when it runs or
+    is destroyed (a segfault, not an error: seen when a garbage collection destroyed such a
+    session). The sessions and options opforge made are known (opforge.ort_session); while one of
+    them points into this domain's table, defining an op there is refused, before anything is
+    registered. (Sessions made by hand with ortx_library_path() are not known: the same order
+    applies to them, see the module doc.)"""
+    from .ort_kernels import ortx_python_op_tables, ortx_tables_in_use
+
+    if spec.domain not in ortx_python_op_tables():
+        return  # a new table: nothing points into it yet
+    in_use = ortx_tables_in_use(spec.domain)
+    if in_use:
+        raise OpRegistrationError(
+            f"opforge.register_prototype({spec.onnx_qualname}): {in_use} ONNX Runtime session(s) or SessionOptions "
+            f"made by opforge.ort_session hold the onnxruntime-extensions kernels of domain {spec.domain!r}, and "
+            "defining another op of that domain moves them (onnxruntime-extensions keeps a domain's Python ops in "
+            "one growing array): those sessions would crash. Register every prototype op of a domain before "
+            "creating sessions, or delete those sessions (and their SessionOptions) first")
 
 
 def _op_declared(spec: OpSpec) -> bool:

@@ -3,8 +3,10 @@
 opforge.ort_session; a model mixing an ortx C++ op, an opforge C++ op, an ATen-fallback node and
 a prototype op in one session; errors inside ONNX Runtime reported, never a crash."""
 
+import gc
 import subprocess
 import warnings
+import weakref
 
 import numpy as np
 import onnx
@@ -139,6 +141,12 @@ def test_bad_input_in_onnx_runtime_raises_through_ort_session():
         ok_session.run(None, {"A": np.ones(2, np.float32), "B": np.ones(3, np.float32)})
     y, pos = ok_session.run(None, {"A": np.full(3, 2, np.float32), "B": np.ones(3, np.float32)})
     np.testing.assert_array_equal(y, np.full(3, 5, np.float32))
+    # The fake impl's error is cached per input signature, without the frames that raised it: they
+    # would keep this session (and, up the stack, everything its caller held) alive.
+    gone = weakref.ref(ok_session)
+    del ok_session
+    gc.collect()  # (the errors raised through pytest.raises above form cycles with the run's frames)
+    assert gone() is None
 
 
 def test_bad_input_in_a_plain_onnxruntime_session_warns_and_gives_no_values():
@@ -212,6 +220,42 @@ def test_registration_refuses_a_compiled_op_and_a_missing_impl():
     assert opforge.register_prototype(POLY, impl=_poly_kernel) is poly  # the same spec again: a no-op
 
 
+def _scale_spec(name: str, domain: str) -> opforge.OpSpec:
+    return opforge.OpSpec(name=name, namespace="opf_proto_order", domain=domain, schema=f"{name}(Tensor x) -> Tensor",
+                          args=(opforge.TensorArg("x", "X"),), outputs=("Y",), doc="", fake=lambda x: torch.empty_like(x),
+                          onnx_types=("tensor(float)",))
+
+
+def test_defining_an_op_under_a_live_session_of_its_domain_is_refused_not_a_crash():
+    # onnxruntime-extensions keeps a domain's Python ops in one growing array that ORT points into:
+    # a new op of the domain moves it under the sessions made before (a segfault at their next run
+    # or destruction, seen in this suite when a garbage collection destroyed such a session).
+    domain = "com.example.proto_order"
+    double_spec = _scale_spec("double", domain)
+    opforge.register_prototype(double_spec, impl=lambda x: 2 * x)
+    x = torch.arange(4, dtype=torch.float32)
+    session = opforge.ort_session(single_node_model(double_spec, [x]))
+    (y,) = session.run(None, {"X": x.numpy()})
+    np.testing.assert_array_equal(y, [0, 2, 4, 6])
+    triple_spec = _scale_spec("triple", domain)
+    with pytest.raises(opforge.OpRegistrationError, match=r"register_prototype\(com.example.proto_order::triple\): 2 "
+                                                          r"ONNX Runtime session\(s\) or SessionOptions .* would crash"):
+        opforge.register_prototype(triple_spec, impl=lambda x: 3 * x)
+    assert f"{domain}::triple" not in opforge.spec.REGISTRY and not hasattr(torch.ops.opf_proto_order, "triple")
+    (y,) = session.run(None, {"X": x.numpy()})  # the session was left as it was
+    np.testing.assert_array_equal(y, [0, 2, 4, 6])
+    # Another domain's table is another array: defining an op there leaves this session alone.
+    opforge.register_prototype(_scale_spec("half", "com.example.proto_order2"), impl=lambda x: x / 2)
+    (y,) = session.run(None, {"X": x.numpy()})
+    np.testing.assert_array_equal(y, [0, 2, 4, 6])
+    del session  # (a session in a reference cycle counts as gone: the check collects first)
+    triple = opforge.register_prototype(triple_spec, impl=lambda x: 3 * x)
+    torch.testing.assert_close(triple(x), 3 * x)
+    for spec, factor in ((double_spec, 2), (triple_spec, 3)):
+        (y,) = opforge.ort_session(single_node_model(spec, [x])).run(None, {"X": x.numpy()})
+        np.testing.assert_array_equal(y, factor * x.numpy())
+
+
 # ---- onnxruntime-extensions' own ops, and users' own onnx_op, next to ours -------------------------
 
 
@@ -241,6 +285,10 @@ def test_a_contrib_op_nobody_defined_gets_a_clear_error():
 
 def test_users_own_onnx_op_still_runs_through_ortx_next_to_prototypes():
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    # A user's own onnx_op goes past opforge's check (register_prototype's): this test keeps the
+    # order itself. (It collects first: an earlier test's session in a reference cycle counts.)
+    assert opforge.ort_kernels.ortx_tables_in_use("ai.onnx.contrib") == 0
 
     @onnx_op(op_type="OpforgeTestTriple", inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])
     def triple(x):

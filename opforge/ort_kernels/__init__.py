@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -102,6 +103,38 @@ _LIBRARIES: dict[str, tuple[str, PathSource]] = {
 
 def _is_ortx(path: str) -> bool:
     return os.path.basename(path).startswith("_extensions_pydll")
+
+
+#: The SessionOptions into which opforge registered onnxruntime-extensions, and the sessions made
+#: from them -> the domains whose Python-op tables they point into. ortx 0.15 keeps each domain's
+#: Python ops in one growing array and hands ONNX Runtime pointers to its elements; defining
+#: another op of that domain can move the array, and then these sessions call freed memory when
+#: they run or are destroyed (a segfault, seen in the test suite). opforge.register_prototype
+#: checks this before it defines an op (``ortx_tables_in_use``).
+_ORTX_HOLDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def ortx_python_op_tables() -> frozenset:
+    """The domains that have an onnxruntime-extensions Python-op table now (ortx files an
+    ``op_type`` without ``domain::`` under ai.onnx.contrib)."""
+    ocos = sys.modules.get("onnxruntime_extensions._ocos")
+    if ocos is None:  # not imported: no Python op defined in this process
+        return frozenset()
+    return frozenset(od.op_type.split("::", 1)[0] if "::" in od.op_type else ORTX_DOMAIN
+                     for od in list(ocos.Opdef._odlist.values()))
+
+
+def ortx_tables_in_use(domain: str) -> int:
+    """How many live sessions and SessionOptions made by opforge point into ``domain``'s ortx
+    Python-op table (after a collection: a session in a reference cycle is not in use)."""
+    import gc
+
+    def count():
+        return sum(1 for tables in list(_ORTX_HOLDERS.values()) if domain in tables)
+
+    if count():
+        gc.collect()
+    return count()
 
 
 class MissingOrtLibrary(LookupError):
@@ -376,6 +409,8 @@ def _register_libraries(so, domains, used: Sequence[str] = (), allow_aten=None) 
             _audit(domain, path, used)
         so.register_custom_ops_library(path)
         registered.add(path)
+        if _is_ortx(path):
+            _ORTX_HOLDERS[so] = ortx_python_op_tables()
     return unknown
 
 
@@ -436,7 +471,10 @@ def ort_session(
     if prototype is not None and prototype.prototype_ops(used):
         session_class = prototype.session_class()  # raises prototype ops' errors (ortx cannot)
     try:
-        return session_class(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+        session = session_class(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+        if so in _ORTX_HOLDERS:  # (ORT copies the options into the session)
+            _ORTX_HOLDERS[session] = _ORTX_HOLDERS[so]
+        return session
     except Exception as exc:  # ORT raises its own pybind exception types
         text = str(exc)
         if not needed or "not a registered function/op" not in text:
