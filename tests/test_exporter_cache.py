@@ -2,6 +2,8 @@
 CompositeImplicitAutograd list built once per process while opforge exports, not once per export.
 The models must not change: the same bytes as torch's own exporter writes without the cache."""
 
+import functools
+
 import pytest
 import torch
 from torch._C import DispatchKey
@@ -70,13 +72,13 @@ def test_torch_is_left_as_it_was_after_the_export():
     from torch.export import exported_program
 
     before = (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops,
-              torch._ops.OperatorBase.__dict__["py_impl"])
+              torch._ops.OperatorBase.__dict__["py_impl"], exported_program._override_composite_implicit_decomp)
     with exporter_cache.reused_exporter_setup():
         with exporter_cache.reused_exporter_setup():  # nested: the inner exit restores nothing
             pass
         assert _registration.ONNXRegistry.__dict__["from_torchlib"] is not before[0]
     assert (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops,
-            torch._ops.OperatorBase.__dict__["py_impl"]) == before
+            torch._ops.OperatorBase.__dict__["py_impl"], exported_program._override_composite_implicit_decomp) == before
 
 
 def test_the_short_py_impl_registers_as_torchs_does_and_keeps_its_errors():
@@ -95,3 +97,79 @@ def test_the_short_py_impl_registers_as_torchs_does_and_keeps_its_errors():
             op.py_impl(DispatchKey.Python)(kernel)
     assert op.py_kernels == {DispatchKey.AutogradCPU: kernel}
     op.py_kernels.clear()
+
+
+def _cia_ops_to_callable():
+    """What run_decompositions hands the override for the dynamo exporter's decomposition table."""
+    from torch.export import exported_program
+    from torch.onnx._internal.exporter import _decomp
+
+    onnx_ops = set(_decomp.get_onnx_implemented_overloads(exporter_cache.torchlib_registry(18)))
+    table = _decomp.create_onnx_friendly_decomposition_table(onnx_ops)
+    return exported_program._split_decomp_table_to_cia_and_python_decomp(table)[0]
+
+
+def _kernel_state(ops):
+    """op -> {dispatch key: what the Python kernel is}, and whether a fake rule is registered."""
+    from torch._subclasses import fake_impls
+
+    def what(kernel):
+        # a partial by its function and arguments; a closure (a new one per call, in torch's) by its
+        # name and the op it closes over; any other function by identity
+        if isinstance(kernel, functools.partial):
+            return ("partial", kernel.func.__name__, tuple(sorted(kernel.keywords.items(), key=str)))
+        closure = getattr(kernel, "__closure__", None) or ()
+        return (getattr(kernel, "__qualname__", type(kernel).__name__),
+                tuple(c.cell_contents for c in closure if isinstance(c.cell_contents, (torch._ops.OpOverload, bool))),
+                kernel if getattr(kernel, "__qualname__", "").count("<locals>") == 0 else None)
+    return {op: ({key: what(k) for key, k in op.py_kernels.items()}, fake_impls._is_op_registered_to_fake_rule(op))
+            for op in ops}
+
+
+def test_the_direct_cia_override_installs_and_removes_what_torchs_does():
+    from torch.export import exported_program
+
+    cia = _cia_ops_to_callable()
+    assert len(cia) > 400
+    states = {}
+    for name, override in (("torch", exporter_cache._ORIGINALS.get("override_cia",
+                                                                    exported_program._override_composite_implicit_decomp)),
+                           ("opforge", None)):
+        with exporter_cache.reused_exporter_setup():
+            override = override or exported_program._override_composite_implicit_decomp
+            assert (override is exporter_cache._ORIGINALS["override_cia_directly"]) == (name == "opforge")
+            before = _kernel_state(cia)
+            with override(cia):
+                inside = _kernel_state(cia)
+            after = _kernel_state(cia)
+        states[name] = (before, inside, after)
+    assert states["opforge"] == states["torch"]
+    before, inside, after = states["torch"]
+    assert inside != before  # kernels were installed ...
+    assert {op: k for op, (k, _) in after.items()} == {op: k for op, (k, _) in before.items()}  # ... and removed
+
+
+def test_decompositions_are_the_same_graphs_with_the_direct_cia_override():
+    from torch.export import exported_program
+    from torch.onnx._internal.exporter import _fx_passes
+
+    class CompositeOps(torch.nn.Module):  # CompositeImplicitAutograd ops the table decomposes, and one it keeps
+        def forward(self, a, b):
+            return (torch.kron(a, b).sum() + torch.diff(a, dim=1).sum() + torch.nn.functional.hinge_embedding_loss(a, b)
+                    + torch.special.xlog1py(a, b.abs()).sum() + torch.nn.functional.gelu(a).sum())
+
+    program = torch.export.export(CompositeOps(), ARGS, strict=False)
+    registry = exporter_cache.torchlib_registry(18)
+    graphs = {}
+    for name in ("torch", "opforge"):
+        with exporter_cache.reused_exporter_setup():
+            if name == "torch":  # torch's own override, the other patches as they are
+                fast = exported_program._override_composite_implicit_decomp
+                exported_program._override_composite_implicit_decomp = exporter_cache._ORIGINALS["override_cia"]
+            try:
+                graphs[name] = _fx_passes.decompose_with_registry(program, registry).graph_module.code
+            finally:
+                if name == "torch":
+                    exported_program._override_composite_implicit_decomp = fast
+    assert graphs["opforge"] == graphs["torch"]
+    assert "kron" not in graphs["torch"] and "diff" not in graphs["torch"] and "gelu" in graphs["torch"]
