@@ -13,6 +13,10 @@ Neither changes between two exports unless ops are registered in between, so ins
 * ``ONNXRegistry.from_torchlib(opset)`` returns a copy of a registry built once per opset and
   per set of registered ops (loading torchvision, say, adds ops torchlib translates). A copy,
   because the exporter adds the ``custom_translation_table`` to the registry it gets.
+* The registries of different opsets share one listing of torchlib's functions
+  (``get_torchlib_ops``: it reads the domain of each of ~500 traced functions from its parsed
+  source, ~0.8 s of the ~1 s a registry costs), listed again only when torchlib gains functions:
+  a second opset's registry costs ~0.2 s.
 * torch's CompositeImplicitAutograd list is kept, keyed by the op namespaces and that dispatch
   key's registration count.
 * ``OperatorBase.py_impl`` takes a short path for a plain DispatchKey. Every decomposition pass
@@ -51,6 +55,7 @@ _restore: list = []  # (object, attribute, original value) of what is patched wh
 _REGISTRIES: dict = {}  # opset -> (registered op count, torchlib's registry)
 _CIA_OPS: dict = {}
 _ORIGINALS: dict = {}  # torch's own ONNXRegistry.from_torchlib, kept when first patched
+_TORCHLIB_OPS: dict = {}  # "key": torchlib's functions as counted, "ops": onnxscript's listing of them
 
 
 def _registered_op_count() -> int:
@@ -67,9 +72,38 @@ def torchlib_registry(opset_version: int = 18):
         built_at, registry = _REGISTRIES.get(opset_version, (None, None))
         if built_at != count:  # (a stale one is dropped: one registry per opset)
             build = _ORIGINALS.get("from_torchlib", _registration.ONNXRegistry.__dict__["from_torchlib"])
-            registry = build.__func__(_registration.ONNXRegistry, opset_version)
+            with _torchlib_listed_once(getattr(_registration, "onnxscript_apis", None)):
+                registry = build.__func__(_registration.ONNXRegistry, opset_version)
             _REGISTRIES[opset_version] = (count, registry)
         return registry
+
+
+@contextlib.contextmanager
+def _torchlib_listed_once(apis):
+    """While a registry is built: onnxscript's ``get_torchlib_ops`` (opset-independent) lists
+    torchlib's functions once per process, again only when torchlib's registry has changed."""
+    original = getattr(apis, "get_torchlib_ops", None)
+    if original is None:
+        yield
+        return
+
+    def listed_once():
+        from onnxscript.function_libs.torch_lib import ops, registration  # noqa: F401 (ops registers them)
+
+        key = tuple((name, len(f.overloads), len(f.complex)) for name, f in registration.default_registry.items())
+        if _TORCHLIB_OPS.get("key") != key:
+            _TORCHLIB_OPS.update(key=key, ops=tuple(original()))
+        return list(_TORCHLIB_OPS["ops"])
+
+    own = "get_torchlib_ops" in vars(apis)  # torch's lazy-module proxy has none: it forwards to onnxscript's
+    apis.get_torchlib_ops = listed_once
+    try:
+        yield
+    finally:
+        if own:
+            apis.get_torchlib_ops = original
+        else:
+            del apis.get_torchlib_ops
 
 
 def built_registries() -> list:

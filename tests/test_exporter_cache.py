@@ -60,6 +60,29 @@ def test_the_registry_is_built_once_per_opset_and_copied_per_export(monkeypatch)
     assert copy.functions["opforge::my_add"] and "opforge::my_add" not in shared.functions
 
 
+def test_the_registries_of_two_opsets_list_torchlib_once_and_equal_torchs_own(monkeypatch):
+    import importlib
+
+    apis = _registration.onnxscript_apis
+    onnxscript_module = importlib.import_module(apis._name)  # what the proxy forwards to
+    listings = []
+    real = onnxscript_module.get_torchlib_ops
+    monkeypatch.setattr(onnxscript_module, "get_torchlib_ops", lambda: listings.append(1) or real())
+    monkeypatch.setattr(exporter_cache, "_REGISTRIES", {})
+    monkeypatch.setattr(exporter_cache, "_TORCHLIB_OPS", {})
+    built = {opset: exporter_cache.torchlib_registry(opset) for opset in (18, 20)}
+    assert len(listings) == 1
+    assert "get_torchlib_ops" not in vars(apis)  # the lazy-module proxy is left as it was
+    for opset, registry in built.items():
+        own = _registration.ONNXRegistry.from_torchlib(opset)  # torch's, unpatched: lists again
+        assert registry.functions == own.functions and registry.functions
+    # torchlib's functions changed (as counted): listed again
+    exporter_cache._TORCHLIB_OPS["key"] = ("stale",)
+    exporter_cache._REGISTRIES.clear()
+    exporter_cache.torchlib_registry(18)
+    assert len(listings) == 2 + len(built)
+
+
 def test_registering_ops_builds_the_registry_anew():
     first = exporter_cache.torchlib_registry(18)
     assert exporter_cache.torchlib_registry(18) is first
