@@ -18,6 +18,10 @@ exits as an interpreter does (non-daemon threads joined, atexit handlers run, st
 and skips only the interpreter's teardown (``os._exit``). Its exit status is the script's, -N for
 a signal, as ``subprocess`` reports it.
 
+pip is forked too, and so are the PEP 517 hooks it starts for a build (``_fork_build_hooks``):
+pip starts each as a fresh interpreter, and a hook that runs the setup.py of a package built on
+opforge imports torch (two per ``pip install -e``).
+
 What differs from a fresh process is that these modules are already imported, with the
 environment and site-packages the server started with. So a server is started again when either
 changed (pytest's PYTEST_CURRENT_TEST aside; an editable install adds a .pth file), and a run goes
@@ -63,6 +67,9 @@ def _streams(request):
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
+    _standard_streams()
+
+def _standard_streams():
     # as a fresh interpreter sets them up for files and pipes
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
@@ -101,26 +108,115 @@ def _run(argv):
             source = f.read()
         exec(compile(source, path, "exec"), _main_module(path).__dict__)
 
+def _fork_build_hooks():
+    # A run of pip: pip starts each PEP 517 hook of a build (get_requires_for_build_*,
+    # prepare_metadata_for_build_*, build_*) as a fresh interpreter, and a setup.py built on opforge
+    # imports torch in each that runs it, ~4 s of CPU twice a `pip install -e`. Here each is a fork of
+    # this one (torch imported), given what pip gives the process: the hook's argv, directory,
+    # environment, one output pipe; a fresh interpreter's warning filters, logging and exit
+    # handlers (not pip's). Any other command pip starts, and any hook while pip runs a thread,
+    # is a real process.
+    import atexit, logging, subprocess, warnings
+    # What pip changes of the process, taken before it runs: its warning filters, and its modules
+    # with the import machinery it alters. (Importing pip turns setuptools' distutils shim off for
+    # the process, which setuptools' import then misses: "AssertionError: .../distutils/core.py".)
+    fresh_filters, fresh_modules, fresh_meta_path = list(warnings.filters), set(sys.modules), list(sys.meta_path)
+    # The preloaded modules' exit handlers are not pip's (torch._dynamo's imports a module at exit,
+    # which pip's import blocker refuses once it has installed something).
+    atexit._clear()
+    import pip._internal.utils.subprocess as pip_subprocess
+
+    class ForkedHook:  # what pip uses of a Popen
+        def __init__(self, cmd, kwargs):
+            read_fd, write_fd = os.pipe()
+            self.pid = os.fork()
+            if self.pid == 0:
+                os.close(read_fd)
+                code = 1
+                try:
+                    os.chdir(kwargs.get("cwd") or os.getcwd())
+                    if kwargs.get("env") is not None:
+                        os.environ.clear()
+                        os.environ.update(kwargs["env"])
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    for fd, target in ((0, null), (1, write_fd), (2, write_fd)):
+                        os.dup2(target, fd)
+                    os.close(null), os.close(write_fd)
+                    _standard_streams()
+                    atexit._clear()
+                    warnings.filters[:] = fresh_filters
+                    for name in [m for m in sys.modules if m not in fresh_modules]:
+                        del sys.modules[name]
+                    sys.meta_path[:] = fresh_meta_path
+                    shim = getattr(sys.modules.get("_distutils_hack"), "DISTUTILS_FINDER", None)
+                    if shim is not None:
+                        vars(shim).pop("spec_for_distutils", None)
+                    logging.root.handlers.clear()
+                    logging.root.setLevel(logging.WARNING)
+                    code = _finish(_ran(list(cmd[1:])))
+                finally:
+                    os._exit(code)
+            os.close(write_fd)
+            self.args, self.returncode, self.stderr = cmd, None, None
+            self.stdin = open(os.devnull, "w")
+            self.stdout = io.open(read_fd, "r", encoding=kwargs.get("encoding") or "locale", errors=kwargs.get("errors"))
+
+        def wait(self, timeout=None):
+            if self.returncode is None:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            return self.returncode
+
+        def poll(self):
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def popen(cmd, *args, **kwargs):
+        cmd = [str(c) for c in cmd]
+        if (not args and len(cmd) == 4 and os.path.basename(cmd[1]) == "_in_process.py"
+                and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
+                and kwargs.get("stdout") == subprocess.PIPE and kwargs.get("stderr") == subprocess.STDOUT
+                and threading.active_count() == 1):
+            return ForkedHook(cmd, kwargs)
+        return subprocess.Popen(cmd, *args, **kwargs)
+
+    pip_subprocess.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+
 def _child(request):
-    code = 0
+    code = 1
     try:
         _streams(request)
         _python_path(request["env"])
-        _run(request["argv"])
+        if request.get("fork_build_hooks"):
+            _fork_build_hooks()
+        code = _ran(request["argv"])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(_finish(code))
+
+def _ran(argv):
+    """Runs ``argv`` as __main__; its exit status, as the interpreter would end."""
+    try:
+        _run(argv)
     except SystemExit as exc:
         if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
     except BaseException as exc:
-        # without this server's two frames (_child, _run), as the interpreter prints it
+        # without this server's two frames (_ran, _run), as the interpreter prints it
         tb = exc.__traceback__
         tb = tb.tb_next.tb_next if tb is not None and tb.tb_next is not None else tb
         traceback.print_exception(type(exc), exc, tb)
-        code = 1
+        return 1
+    return 0
+
+def _finish(code):
     try:  # what Py_FinalizeEx does before tearing down: join threads, run atexit, flush
         threading._shutdown()
         import atexit
@@ -128,7 +224,7 @@ def _child(request):
         sys.stdout.flush(); sys.stderr.flush()
     except BaseException:
         code = code or 1
-    os._exit(code & 0xFF)
+    return code & 0xFF
 
 control_in, control_out = sys.stdin.buffer, sys.stdout.buffer
 for line in control_in:
@@ -233,7 +329,7 @@ def _only_read_after_the_preload(env: dict, server_env: dict) -> bool:
 
 
 def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True,
-               fresh=False) -> subprocess.CompletedProcess:
+               fresh=False, fork_build_hooks=False) -> subprocess.CompletedProcess:
     """``subprocess.run([python, *args], capture_output=True, ...)`` (``python``: this interpreter
     unless given, a scratch venv's say), started from a preloaded server of that interpreter where
     nothing can tell the difference (module docstring). Raises ``subprocess.TimeoutExpired``
@@ -249,7 +345,7 @@ def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True
         for path in paths.values():
             open(path, "wb").close()
         request = {"argv": args, "cwd": os.path.abspath(cwd or os.getcwd()), "env": dict(env or os.environ),
-                   **paths}
+                   "fork_build_hooks": fork_build_hooks, **paths}
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
         pid = _read_line(proc, None)["pid"]
@@ -270,8 +366,9 @@ def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True
 
 def run_command(cmd, *, fresh=False, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, where ``cmd`` starts a
-    Python interpreter (``cmd[0]`` named python*) through :func:`run_python`; pip stays a real
-    process (it changes the venv a server has read), as does a ``fresh`` run."""
-    if not fresh and os.path.basename(str(cmd[0])).startswith("python") and list(cmd[1:3]) != ["-m", "pip"]:
-        return run_python(cmd[1:], python=cmd[0], **kwargs)
+    Python interpreter (``cmd[0]`` named python*) through :func:`run_python`, pip too, with its
+    build hooks forked from it (``_fork_build_hooks``; what pip installs restarts the server at
+    its next run, as any change of the venv does). A ``fresh`` run is a real process."""
+    if not fresh and os.path.basename(str(cmd[0])).startswith("python"):
+        return run_python(cmd[1:], python=cmd[0], fork_build_hooks=list(cmd[1:3]) == ["-m", "pip"], **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, **kwargs)

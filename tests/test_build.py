@@ -23,6 +23,7 @@ import torch
 import opforge
 import opforge.build
 from helpers import needed_libraries, run_paths
+from preloaded_python import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -243,14 +244,14 @@ def wheel_install(tmp_path_factory):
     src = ROOT
     cuda = "1" if _nvcc_exists() and torch.version.cuda else "0"
     start = time.monotonic()
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
-                            str(tmp / "dist"), "."], cwd=src, env=_build_env(cuda), capture_output=True, text=True)
+    build = run_command([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                         str(tmp / "dist"), "."], cwd=src, env=_build_env(cuda))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(f"wheel build (OPFORGE_CUDA={cuda}): {time.monotonic() - start:.0f} s")
     (wheel,) = (tmp / "dist").glob("opforge-*.whl")
     site = tmp / "site-packages"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                              "--no-compile", "--target", str(site), str(wheel)], capture_output=True, text=True)
+    install = run_command([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--no-compile", "--target", str(site), str(wheel)])
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     main_site = Path(torch.__file__).resolve().parents[1]
     for entry in main_site.iterdir():

@@ -1,6 +1,7 @@
 """tests/preloaded_python.py runs ``python ARGS`` as a fresh interpreter would, as far as a script
 can tell: these compare it with real subprocesses."""
 
+import json
 import os
 import subprocess
 import sys
@@ -96,3 +97,58 @@ def test_opforge_switches_and_a_pythonpath_of_the_runs_own_are_forked_as_the_int
     # anything else of its own still takes a real process
     assert run_python(["-c", "pass"], env=dict(env, OPF_NOT_A_SWITCH="1")).returncode == 0
     assert len(calls) == 1
+
+
+_HOOK_PROBE = '''
+import json, os, sys
+state = {"torch": "torch" in sys.modules, "pip": any(m.split(".")[0] == "pip" for m in sys.modules),
+         "cwd": os.getcwd(), "backend": os.environ.get("_PYPROJECT_HOOKS_BUILD_BACKEND"), "pid": os.getpid()}
+from setuptools import setup  # its distutils shim must be on, as in a fresh interpreter
+state["distutils"] = sys.modules["distutils"].__file__
+with open("hooks.jsonl", "a") as log:
+    log.write(json.dumps(state) + "\\n")
+if os.path.exists("fail"):
+    raise SystemExit("the probe's setup.py failed on purpose")
+setup(name="opf_hook_probe", version="0.1", py_modules=["opf_hook_probe"])
+'''
+
+
+def test_pip_build_hooks_are_forked_and_see_a_fresh_interpreters_state(tmp_path):
+    """`python -m pip` through run_command: each PEP 517 hook is a fork of the preloaded pip process
+    (torch imported, ~4 s of CPU saved per hook) that sees no pip module, setuptools' distutils, the
+    hook's directory and environment; a failing hook fails the install with its output."""
+    from helpers import scratch_venv
+    from preloaded_python import run_command
+
+    python = scratch_venv(tmp_path)
+    pkg = tmp_path / "probe"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text(_HOOK_PROBE)
+    (pkg / "opf_hook_probe.py").write_text("VALUE = 42\n")
+    (pkg / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    install = [python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index", "-e", str(pkg)]
+
+    def hooks(**kwargs):
+        (pkg / "hooks.jsonl").unlink(missing_ok=True)
+        done = run_command(install, cwd=tmp_path, **kwargs)
+        lines = (pkg / "hooks.jsonl").read_text().splitlines() if (pkg / "hooks.jsonl").exists() else []
+        return done, [json.loads(line) for line in lines]
+
+    done, forked = hooks()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Exception ignored" not in done.stderr, done.stderr  # (the preload's exit handlers are not pip's)
+    assert len(forked) >= 2 and len({h["pid"] for h in forked}) == len(forked)  # (metadata, build_editable, ...)
+    for hook in forked:
+        assert hook["torch"] and not hook["pip"], hook
+        assert "setuptools/_distutils" in hook["distutils"] and hook["cwd"] == str(pkg), hook
+        assert hook["backend"] == "setuptools.build_meta", hook
+    assert run_command([python, "-c", "import opf_hook_probe; print(opf_hook_probe.VALUE)"], cwd="/").stdout == "42\n"
+    # The probe itself tells a fork from a fresh interpreter: a real pip's hooks have no torch.
+    done, real = hooks(fresh=True)
+    assert done.returncode == 0 and len(real) == len(forked) and not any(h["torch"] for h in real), done.stderr[-3000:]
+    assert [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in real] == \
+        [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in forked]
+    (pkg / "fail").write_text("")
+    done, failed = hooks()
+    assert done.returncode != 0 and len(failed) == 1
+    assert "the probe's setup.py failed on purpose" in done.stdout + done.stderr

@@ -4,7 +4,6 @@ opforge.ort_session; a model mixing an ortx C++ op, an opforge C++ op, an ATen-f
 a prototype op in one session; errors inside ONNX Runtime reported, never a crash."""
 
 import gc
-import subprocess
 import warnings
 import weakref
 
@@ -20,7 +19,7 @@ from opforge.aten import fallback
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
 
 from helpers import scratch_venv
-from preloaded_python import run_python
+from preloaded_python import run_command, run_python
 
 NS, DOMAIN = "opf_proto_t", "com.example.proto"
 
@@ -370,8 +369,8 @@ def prototype_package(tmp_path_factory):
                       "com.example.protopkg", "--prototype", "--dir", str(pkg_dir)], cwd=base)
     assert gen.returncode == 0, gen.stderr
     assert "prototype: numpy kernel, no C++" in gen.stdout
-    install = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
-                             capture_output=True, text=True, cwd=base)
+    install = run_command([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(pkg_dir)],
+                          cwd=base)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     return python, pkg_dir
 
