@@ -134,21 +134,24 @@ def test_pip_build_hooks_are_forked_and_see_a_fresh_interpreters_state(tmp_path)
         lines = (pkg / "hooks.jsonl").read_text().splitlines() if (pkg / "hooks.jsonl").exists() else []
         return done, [json.loads(line) for line in lines]
 
+    # The probe tells a fork from a fresh interpreter: a real pip's hooks have no torch. (Real pip
+    # first, failing build next: the forked runs then share one server, no install between them.)
+    done, real = hooks(fresh=True)
+    assert done.returncode == 0 and len(real) >= 2 and not any(h["torch"] for h in real), done.stderr[-3000:]
+    (pkg / "fail").write_text("")
+    done, failed = hooks()
+    assert done.returncode != 0 and len(failed) == 1 and failed[0]["torch"]
+    assert "the probe's setup.py failed on purpose" in done.stdout + done.stderr
+    (pkg / "fail").unlink()
     done, forked = hooks()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Exception ignored" not in done.stderr, done.stderr  # (the preload's exit handlers are not pip's)
-    assert len(forked) >= 2 and len({h["pid"] for h in forked}) == len(forked)  # (metadata, build_editable, ...)
+    assert len(forked) == len(real) and len({h["pid"] for h in forked}) == len(forked)  # (metadata, build_editable)
     for hook in forked:
         assert hook["torch"] and not hook["pip"], hook
         assert "setuptools/_distutils" in hook["distutils"] and hook["cwd"] == str(pkg), hook
         assert hook["backend"] == "setuptools.build_meta", hook
-    assert run_command([python, "-c", "import opf_hook_probe; print(opf_hook_probe.VALUE)"], cwd="/").stdout == "42\n"
-    # The probe itself tells a fork from a fresh interpreter: a real pip's hooks have no torch.
-    done, real = hooks(fresh=True)
-    assert done.returncode == 0 and len(real) == len(forked) and not any(h["torch"] for h in real), done.stderr[-3000:]
     assert [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in real] == \
         [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in forked]
-    (pkg / "fail").write_text("")
-    done, failed = hooks()
-    assert done.returncode != 0 and len(failed) == 1
-    assert "the probe's setup.py failed on purpose" in done.stdout + done.stderr
+    imported = run_command([python, "-c", "import opf_hook_probe; print(opf_hook_probe.VALUE)"], cwd="/", fresh=True)
+    assert imported.stdout == "42\n", imported.stderr
