@@ -23,8 +23,10 @@ pip starts each as a fresh interpreter, and a hook that runs the setup.py of a p
 opforge imports torch (two per ``pip install -e``).
 
 What differs from a fresh process is that these modules are already imported, with the
-environment and site-packages the server started with. So a server is started again when either
-changed (pytest's PYTEST_CURRENT_TEST aside; an editable install adds a .pth file), and a run goes
+environment and site-packages the server started with. So a server is started again when the
+environment changed (pytest's PYTEST_CURRENT_TEST aside) or a .pth file was rewritten or removed;
+one added since it started (an editable install) each run reads before it starts, as the
+interpreter reads it (after those read at start-up, where the interpreter goes by name). A run goes
 to a plain ``subprocess.run`` where the difference could matter: interpreter options before the
 script (``-I``, ``-X``, ...), an environment of its own (``env=`` other than os.environ: torch's
 import would not have seen it; but for opforge's OPFORGE_* switches, which only opforge reads, and
@@ -188,6 +190,9 @@ def _child(request):
     code = 1
     try:
         _streams(request)
+        for pth in request.get("added_pth", ()):  # installed since this server started
+            import site
+            site.addpackage(os.path.dirname(pth), os.path.basename(pth), None)
         _python_path(request["env"])
         if request.get("fork_build_hooks"):
             _fork_build_hooks()
@@ -266,10 +271,13 @@ def _environment(env=None) -> dict:
     return {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTEST_CURRENT_TEST"}
 
 
-def _server(python: str) -> subprocess.Popen:
+def _server(python: str) -> tuple[subprocess.Popen, list]:
+    """The server of ``python``, and the .pth files added to its site-packages since it started
+    (its children read them, as the interpreter does at start-up: ``_added_pth``)."""
     state = _site_state(python)
     entry = _servers.pop(python, None)  # (re-inserted below: the dict's order is the use order)
-    if entry is not None and (entry["proc"].poll() is not None or entry["state"] != state):
+    added = None if entry is None else _added_pth(entry["state"], state)
+    if entry is not None and (entry["proc"].poll() is not None or added is None):
         _stop(entry["proc"])
         entry = None
     if entry is None:
@@ -277,9 +285,21 @@ def _server(python: str) -> subprocess.Popen:
             _stop(_servers.pop(next(iter(_servers)))["proc"])
         proc = subprocess.Popen([python, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
                                 env=dict(os.environ))
-        entry = {"proc": proc, "state": state}
+        entry, added = {"proc": proc, "state": state}, []
     _servers[python] = entry
-    return entry["proc"]
+    return entry["proc"], added
+
+
+def _added_pth(started: tuple, now: tuple) -> list | None:
+    """The .pth files in ``now`` that were not there when the server started (``started``), in
+    the order the interpreter reads them (sorted); None when anything else changed (the
+    environment, a .pth rewritten or removed): the server must start again. An editable install
+    adds one (a path line or an import line installing a finder), which a child reads before
+    its run; a rewritten one could name a finder module the server already imported."""
+    (env_started, pth_started), (env_now, pth_now) = started, now
+    if env_started != env_now or not set(pth_started) <= set(pth_now):
+        return None
+    return sorted(path for path, _ in set(pth_now) - set(pth_started))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -340,12 +360,12 @@ def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True
     if not _forkable(args, env, fresh):
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=text, timeout=timeout)
     with _LOCK, tempfile.TemporaryDirectory(prefix="opforge-run-") as tmp:
-        proc = _server(python)
+        proc, added_pth = _server(python)
         paths = {name: os.path.join(tmp, name) for name in ("stdout", "stderr")}
         for path in paths.values():
             open(path, "wb").close()
         request = {"argv": args, "cwd": os.path.abspath(cwd or os.getcwd()), "env": dict(env or os.environ),
-                   "fork_build_hooks": fork_build_hooks, **paths}
+                   "fork_build_hooks": fork_build_hooks, "added_pth": added_pth, **paths}
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
         pid = _read_line(proc, None)["pid"]

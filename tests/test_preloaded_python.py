@@ -113,7 +113,7 @@ setup(name="opf_hook_probe", version="0.1", py_modules=["opf_hook_probe"])
 '''
 
 
-def test_pip_build_hooks_are_forked_and_see_a_fresh_interpreters_state(tmp_path):
+def test_pip_and_its_build_hooks_are_forked_and_a_pth_added_later_is_read_by_each_run(tmp_path):
     """`python -m pip` through run_command: each PEP 517 hook is a fork of the preloaded pip process
     (torch imported, ~4 s of CPU saved per hook) that sees no pip module, setuptools' distutils, the
     hook's directory and environment; a failing hook fails the install with its output."""
@@ -143,6 +143,18 @@ def test_pip_build_hooks_are_forked_and_see_a_fresh_interpreters_state(tmp_path)
     assert done.returncode != 0 and len(failed) == 1 and failed[0]["torch"]
     assert "the probe's setup.py failed on purpose" in done.stdout + done.stderr
     (pkg / "fail").unlink()
+    # A .pth file added since the server started (what an editable install adds) is read by each
+    # run, in place of starting the server again; a rewritten one (the reinstall below) restarts it.
+    server = preloaded_python._servers[python]["proc"].pid
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "opf_pth_probe.py").write_text("X = 7\n")
+    site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
+    (site / "zz_opf_probe.pth").write_text(f"{tmp_path / 'mods'}\nimport sys; sys.opf_pth_line = 'ran'\n")
+    code = "import sys, opf_pth_probe; print(sys.opf_pth_line, opf_pth_probe.X, sys.path.index(%r) > 0)" % str(
+        tmp_path / "mods")
+    ours, theirs = run_command([python, "-c", code], cwd="/"), run_command([python, "-c", code], cwd="/", fresh=True)
+    assert ours.stdout == theirs.stdout == "ran 7 True\n", ours.stderr + theirs.stderr
+    assert preloaded_python._servers[python]["proc"].pid == server
     done, forked = hooks()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Exception ignored" not in done.stderr, done.stderr  # (the preload's exit handlers are not pip's)
@@ -153,5 +165,8 @@ def test_pip_build_hooks_are_forked_and_see_a_fresh_interpreters_state(tmp_path)
         assert hook["backend"] == "setuptools.build_meta", hook
     assert [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in real] == \
         [{k: v for k, v in h.items() if k not in ("torch", "pid")} for h in forked]
+    # the reinstall rewrote its .pth: the next run would start the server again
+    assert preloaded_python._added_pth(preloaded_python._servers[python]["state"],
+                                       preloaded_python._site_state(python)) is None
     imported = run_command([python, "-c", "import opf_hook_probe; print(opf_hook_probe.VALUE)"], cwd="/", fresh=True)
     assert imported.stdout == "42\n", imported.stderr
