@@ -26,7 +26,6 @@ Neither changes between two exports unless ops are registered in between, so ins
   skips the ``Callable[_P, _T]`` annotations torch's evaluates at each call, which an earlier
   swap of ``torch._ops.Callable`` for typing's cached one addressed: with the short path that
   swap measured nothing, 121 vs 122 ms a pass, and is gone.)
-
 * ``_override_composite_implicit_decomp`` (entered twice by every ``run_decompositions``: each
   dynamo export, and one or two per translation of the ATen bridge) installs the same Python
   kernels for the ~510 CompositeImplicitAutograd ops as torch's does, assigned directly. Torch's
@@ -34,7 +33,7 @@ Neither changes between two exports unless ops are registered in between, so ins
   cache at each of its ~20 ``py_impl`` calls; here the closure is made once per op and process
   and the cache cleared once per op. The same kernels end up in the same places and leave the
   same way. Measured on the ONNX decompositions of the bridge's 183 ATen samples (with the short
-  ``py_impl`` below in both): 48-52 s with torch's, 25-27 s with this one, the same graphs.
+  ``py_impl`` above in both): 48-52 s with torch's, 25-27 s with this one, the same graphs.
 
 The exported models are the same bytes (tests/test_exporter_cache.py). Where torch's internals do
 not have these names, nothing is patched and the exporter runs as it always did. This module
