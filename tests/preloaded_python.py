@@ -51,7 +51,7 @@ import time
 #: The server: preloads, then forks one child per request line read from stdin; writes
 #: {"pid": ...} when a child started and {"status": ...} (waitpid's) when it ended.
 _SERVER = r'''
-import builtins, io, json, os, sys, threading, traceback, types
+import builtins, io, json, os, site, sys, threading, traceback, types
 import numpy, torch  # the preload (torch imports numpy anyway)
 try:  # and the export stack most runs load: torch.export (with torch._dynamo), onnx, onnxscript's torchlib
     import onnx, onnxscript.function_libs.torch_lib.ops, torch._dynamo, torch.export._trace
@@ -143,7 +143,8 @@ def _fork_build_hooks():
                     null = os.open(os.devnull, os.O_RDONLY)
                     for fd, target in ((0, null), (1, write_fd), (2, write_fd)):
                         os.dup2(target, fd)
-                    os.close(null), os.close(write_fd)
+                    os.close(null)
+                    os.close(write_fd)
                     _standard_streams()
                     atexit._clear()
                     warnings.filters[:] = fresh_filters
@@ -191,7 +192,6 @@ def _child(request):
     try:
         _streams(request)
         for pth in request.get("added_pth", ()):  # installed since this server started
-            import site
             site.addpackage(os.path.dirname(pth), os.path.basename(pth), None)
         _python_path(request["env"])
         if request.get("fork_build_hooks"):
