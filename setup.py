@@ -106,13 +106,19 @@ def aten_library():
     ext = Extension(
         name,
         sources=sorted(glob.glob(os.path.join(rel("opforge", "aten", "csrc"), "*.cc"))),
+        # the allow-list and the argument guards it includes: a change to either rebuilds it
+        depends=sorted(glob.glob(os.path.join(rel("opforge", "aten", "csrc"), "*.inc")) +
+                       glob.glob(os.path.join(rel("opforge", "aten", "csrc"), "*.h"))),
         include_dirs=[str(B.CSRC_DIR), ort_include(), *cpp_extension.include_paths(), *include_dirs],
         library_dirs=lib_dirs,
         libraries=["c10", "torch_cpu"] + cuda_libs,  # not torch_python: any ORT process, no Python needed
         language="c++",
         extra_compile_args=B.ort_cxx_flags("c++20") + cuda_flags,
-        extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", *B.rpath_flags(lib_dirs, name), *cuda_link,
-                         *B.sanitizer_flags()],
+        # -z nodelete: never unloaded (ORT dlcloses a library with the last session options that
+        # registered it), because libtorch keeps pointers into it: the budgeted CPU allocator it
+        # installs (csrc/aten_guards.h) and the storages that allocator made.
+        extra_link_args=[f"-Wl,--version-script={B.ORT_EXPORTS_MAP}", "-Wl,-z,nodelete", *B.rpath_flags(lib_dirs, name),
+                         *cuda_link, *B.sanitizer_flags()],
         py_limited_api=False,
     )
     ext.opforge_plain_library = True

@@ -368,10 +368,10 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
     :class:`~opforge.aten.policy.AtenOpRefused` first, before anything of the model is
     run, unless ``allow_aten`` names it."""
     g = model.graph
+    policy.check_model(model, allow_aten)  # every ATen node, functions and subgraphs included
     aten_nodes = [n for n in g.node if n.op_type == "ATen" and n.domain == ATEN_DOMAIN]
     if not aten_nodes:
         return model, []
-    policy.check((_node_op(n)[0] for n in aten_nodes), allow_aten)
     register_schema()
     # The dynamo exporter cannot type multi-output custom nodes and leaves type-less
     # value_info behind (invalid ONNX); drop those, the types are filled in below.

@@ -63,6 +63,11 @@ _BACKEND = "a backend-specific kernel (fbgemm, mkldnn, cuDNN, MIOpen, MPS); some
 _LAYOUT = "makes sparse, nested or quantized tensors (unchecked indices; ONNX Runtime cannot hold them)"
 _PINNED = "allocates page-locked host memory (a CUDA driver resource)"
 _GROWTH = "its output grows as n^r with r taken from the model"
+_BACKWARD = ("a backward kernel: it takes another op's saved results (indices, sizes, windows) and trusts them, "
+             "and no exporter puts one in a forward model")
+_UNSAFE = "takes an 'unsafe' flag that turns off its own checks of the offsets it reads with"
+_QUANT = "a quantization internal (observers, qparams search, quantized-tensor accessors), not a model op"
+_INTERNAL = "an internal kernel of another op, reached only after that op's own checks"
 
 _RULES = (
     (re.compile(r"^from_file$"), _FILES),
@@ -75,6 +80,11 @@ _RULES = (
      _LAYOUT),
     (re.compile(r"^(pin_memory|is_pinned)$"), _PINNED),
     (re.compile(r"^combinations$"), _GROWTH),
+    (re.compile(r"(_backward|backward_|_jvp$)"), _BACKWARD),
+    (re.compile(r"^(choose_qparams.*|fused_moving_avg_obs_fake_quant|fake_quantize_per_(tensor|channel)_affine_cachemask"
+                r"|q_.*|qscheme|int_repr)$"), _QUANT),
+    (re.compile(r"^(slow_conv.*|thnn_conv.*|conv_depthwise3d|convolution_overrideable|batch_norm_(stats|elemt|"
+                r"gather_stats|gather_stats_with_counts|update_stats))$"), _INTERNAL),
 )
 
 
@@ -120,6 +130,8 @@ def decide(name: str, schemas) -> Optional[str]:
             return reason
     if _seeded(name, schemas):
         return _RNG
+    if any(a.name == "unsafe" for s in schemas for a in s.arguments):
+        return _UNSAFE
     return None
 
 
@@ -204,6 +216,41 @@ def check(ops: Iterable[str], allow=None) -> None:
         text = refusal(op.split("::")[-1].split(".")[0], allow)
         if text is not None:
             raise AtenOpRefused("opforge: " + text)
+
+
+class MalformedAtenNode(ValueError):
+    """An ``org.pytorch.aten::ATen`` node without the ``operator`` attribute that names its op."""
+
+
+def model_operators(model) -> list[str]:
+    """The ``operator`` of every ``org.pytorch.aten::ATen`` node of an ``onnx.ModelProto``: in its
+    graph, in If/Loop/Scan bodies and in model-local functions (a refused op hidden in a
+    function is still refused). Raises :class:`MalformedAtenNode` for a node that names none,
+    with the library's words."""
+    def walk(nodes):
+        for node in nodes:
+            yield node
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from walk(sub.node)
+
+    operators = []
+    for nodes in [model.graph.node] + [f.node for f in model.functions]:
+        for node in walk(nodes):
+            if node.domain != "org.pytorch.aten" or node.op_type != "ATen":
+                continue
+            names = [a.s.decode() for a in node.attribute if a.name == "operator"]
+            if not names or not names[0] or names[0] == "aten::":
+                raise MalformedAtenNode(f"org.pytorch.aten::ATen node '{node.name}': it has no string attribute "
+                                        "'operator' (the ATen operator to run, e.g. \"cummax\")")
+            operators.append(names[0])
+    return operators
+
+
+def check_model(model, allow=None) -> None:
+    """:func:`check` over :func:`model_operators`: raises :class:`AtenOpRefused` (or
+    :class:`MalformedAtenNode`) before anything of the model runs."""
+    check(model_operators(model), allow)
 
 
 def main(argv=None) -> int:

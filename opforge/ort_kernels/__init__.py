@@ -290,8 +290,10 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     is refused here, before any of the model is run (:mod:`opforge.aten.policy`)."""
     from ..aten import fallback, policy
 
-    operators = [n.attribute for n in _graph_nodes(proto.graph) if n.domain == ATEN_DOMAIN and n.op_type == "ATen"]
-    policy.check((a.s.decode() for attrs in operators for a in attrs if a.name == "operator"), allow_aten)
+    try:
+        policy.check_model(proto, allow_aten)
+    except policy.MalformedAtenNode:
+        return data, proto  # libopforge_aten refuses it when the session is created, as without opforge
     if isinstance(data, str) and any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer):
         return data, proto  # rewritten bytes would lose the path its external data is relative to
     prepared = onnx.ModelProto()
@@ -310,23 +312,27 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     return serialized, prepared
 
 
-def _graph_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
+def _model_nodes(model: onnx.ModelProto):
+    """Every node of the model: the graph's and the model-local functions', subgraphs included."""
+    yield from _nodes(model.graph.node)
+    for function in model.functions:
+        yield from _nodes(function.node)
+
+
+def _nodes(nodes):
+    for node in nodes:
         yield node
         for attr in node.attribute:  # If / Loop / Scan bodies
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _graph_nodes(sub)
+                yield from _nodes(sub.node)
 
 
 def custom_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     """``{domain: ["domain::op", ...]}`` of the nodes ONNX Runtime needs a custom-op
     library for (local functions defined in the model excluded)."""
     local = {(f.domain, f.name) for f in model.functions}
-    nodes = list(_graph_nodes(model.graph))
-    for f in model.functions:
-        nodes += list(f.node)
     ops: dict[str, set] = {}
-    for n in nodes:
+    for n in _model_nodes(model):
         if n.domain not in BUILTIN_DOMAINS and (n.domain, n.op_type) not in local:
             ops.setdefault(n.domain, set()).add(f"{n.domain}::{n.op_type}")
     return {d: sorted(v) for d, v in sorted(ops.items())}

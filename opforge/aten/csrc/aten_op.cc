@@ -37,6 +37,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "opforge/ort_library.h"
+#include "aten_guards.h"
 
 #include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
@@ -101,6 +102,9 @@ const std::pair<const char*, const char*> kRefusedOps[] = {
 // inputs where that is more (a repeat or an upsample of a large input).
 constexpr int64_t kMinElementBound = int64_t{1} << 26;
 constexpr int64_t kElementsPerInputElement = 64;
+// A node's memory budget (aten_guards.h): what its element bound comes to in the widest element
+// type (double, int64), for outputs and intermediates together.
+constexpr int64_t kBudgetBytesPerElement = 8;
 
 struct AtenPolicy {
   std::unordered_set<std::string> allowed;  // names opted in by the session; "*": every op
@@ -252,18 +256,27 @@ at::Device device_of(const Ort::ConstMemoryInfo& mem) {
   return at::Device(at::kCPU);
 }
 
-// Number of valid values of an enum argument type (0: not an enum). ScalarType
-// stops before Undefined, which no kernel accepts.
-int64_t enum_bound(c10::TypeKind kind) {
+// Whether `value` is a valid value of an enum argument type; "" when it is, else what the valid
+// values are. Enums travel as integers, and torch indexes tables with them unchecked. Of the
+// dtypes, only those of dense numeric tensors: quantized, bit-packed and float8 types make
+// tensors no kernel here expects (and ONNX Runtime cannot hold). Of the layouts, only strided:
+// a sparse tensor's indices are not checked (zeros(layout=torch.sparse_coo) reached them).
+std::string invalid_enum(c10::TypeKind kind, int64_t value) {
   switch (kind) {
-    case c10::TypeKind::ScalarTypeType:
-      return static_cast<int64_t>(c10::ScalarType::Undefined);
+    case c10::TypeKind::ScalarTypeType: {
+      const bool dense = (value >= static_cast<int64_t>(c10::ScalarType::Byte) &&
+                          value <= static_cast<int64_t>(c10::ScalarType::Bool)) ||
+                         value == static_cast<int64_t>(c10::ScalarType::BFloat16);
+      return dense ? "" : "a dtype of dense numbers (0 to 11: uint8 ... bool, or 15: bfloat16)";
+    }
     case c10::TypeKind::LayoutType:
-      return static_cast<int64_t>(c10::Layout::NumOptions);
+      return value == static_cast<int64_t>(c10::Layout::Strided) ? "" : "0 (strided: dense tensors only)";
     case c10::TypeKind::MemoryFormatType:
-      return static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+      return value >= 0 && value < static_cast<int64_t>(c10::MemoryFormat::NumOptions)
+                 ? ""
+                 : "0 to " + std::to_string(static_cast<int64_t>(c10::MemoryFormat::NumOptions) - 1);
     default:
-      return 0;
+      return "";
   }
 }
 
@@ -283,6 +296,7 @@ struct AtenKernel {
   std::vector<bool> is_none;  // per node input: fed the None marker
   bool on_cuda;               // kernel of the CUDA execution provider
   std::shared_ptr<const AtenPolicy> policy;
+  bool allocator_installed = opforge_aten::install_budgeted_allocator();  // see aten_guards.h
 
   AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none, bool cuda,
              std::shared_ptr<const AtenPolicy> p)
@@ -399,10 +413,8 @@ struct AtenKernel {
         // which enum) and torch indexes tables with them unchecked.
         c10::TypePtr real = arg.real_type();
         if (auto opt = real->cast<c10::OptionalType>()) real = opt->getElementType();
-        const int64_t bound = enum_bound(real->kind());
-        if (bound > 0 && (value < 0 || value >= bound))
-          return error(at + ": " + std::to_string(value) + " is not a valid " + real->str() + " (0 to " +
-                       std::to_string(bound - 1) + ")");
+        if (const std::string valid = invalid_enum(real->kind(), value); !valid.empty())
+          return error(at + ": " + std::to_string(value) + " is not a valid " + real->str() + " here (" + valid + ")");
         out = value;
         return Ort::Status(nullptr);
       }
@@ -445,7 +457,27 @@ struct AtenKernel {
     }
   }
 
-  OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) { return compute(raw_ctx).release(); }
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
+    try {  // nothing may escape into ORT's C frames: ORT API calls throw Ort::Exception
+      return compute(raw_ctx).release();
+    } catch (const std::exception& e) {
+      return error("ATen op " + name + ": " + first_line(e.what()), ORT_FAIL).release();
+    }
+  }
+
+  static std::string first_line(const std::string& what) { return what.substr(0, what.find("\nException raised from")); }
+
+  std::string over_budget(const opforge_aten::NodeBudget& budget, int64_t input_elements) const {
+    const uint64_t total = budget.allocated + budget.left;
+    return "ATen op " + name + ": asks for " + std::to_string(budget.refused) + " bytes more after " +
+           std::to_string(budget.allocated) + ", more than this node may allocate (" + std::to_string(total) +
+           " bytes: " + std::to_string(kBudgetBytesPerElement) + " per element of its bound, " +
+           (policy->max_elements > 0 ? std::string("set by '") + kMaxElementsKey + "'"
+                                     : "the larger of 2^26 and 64 per element of its inputs, which have " +
+                                           std::to_string(input_elements)) +
+           "); a model cannot demand memory at will. If you trust this model, raise the bound: "
+           "sess_options.add_session_config_entry('" + kMaxElementsKey + "', 'N') before registering libopforge_aten";
+  }
 
   Ort::Status compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx(raw_ctx);
@@ -462,8 +494,9 @@ struct AtenKernel {
     if (on_cuda) {
       // the stream belongs to the GPU the node's inputs are on (not necessarily the current one)
       const c10::DeviceIndex device =
-          n_in > 0 ? static_cast<c10::DeviceIndex>(ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId())
-                   : c10::cuda::current_device();
+          n_in > 0 && static_cast<const OrtValue*>(ctx.GetInput(0)) != nullptr && !is_none[0]
+              ? static_cast<c10::DeviceIndex>(ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId())
+              : c10::cuda::current_device();
       stream_guard.emplace(
           c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(ctx.GetGPUComputeStream()), device));
     }
@@ -481,26 +514,41 @@ struct AtenKernel {
       stack.push_back(std::move(value));
     }
     if (Ort::Status st = check_sizes(stack, input_elements); !st.IsOK()) return st;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (std::string bad = opforge_aten::check_int_ranges(schema.name().substr(6), args[i], stack[i]); !bad.empty())
+        return error(where(args[i], i) + ": " + bad);
     try {
-      op.callBoxed(&stack);
+      if (std::string bad = opforge_aten::check_values(schema, stack); !bad.empty()) return error("ATen op " + name + ": " + bad);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      return error("ATen op " + name + " failed: " + what.substr(0, what.find("\nException raised from")), ORT_FAIL);
+      return error("ATen op " + name + ": checking its arguments failed: " + first_line(e.what()));
     }
-    std::vector<c10::IValue> results;  // flatten tensor lists (e.g. aten::unbind)
-    for (auto& r : stack) {
-      if (r.isTensorList()) {
-        for (const at::Tensor& t : r.toTensorList().vec()) results.emplace_back(t);
-      } else {
-        results.push_back(std::move(r));
-      }
-    }
-    // Views (expand, unfold...) are free until copied out: bound what is materialised.
     const int64_t bound = policy->bound(input_elements);
-    for (size_t i = 0; i < results.size(); ++i)
-      if (results[i].isTensor() && results[i].toTensor().numel() > bound)
-        return error(too_large("return " + std::to_string(i) + " has", results[i].toTensor().numel(), bound,
-                               input_elements));
+    opforge_aten::NodeBudget budget{static_cast<uint64_t>(saturating_mul(bound, kBudgetBytesPerElement))};
+    std::vector<c10::IValue> results;  // flatten tensor lists (e.g. aten::unbind)
+    try {
+      if (on_cuda == false && !allocator_installed)
+        return error("ATen op " + name + ": libtorch's CPU allocator was replaced by another library, so this node's "
+                     "memory cannot be bounded; refusing to run it", ORT_FAIL);
+      opforge_aten::BudgetScope scope(budget);
+      op.callBoxed(&stack);
+      for (auto& r : stack) {
+        if (r.isTensorList()) {
+          for (const at::Tensor& t : r.toTensorList().vec()) results.emplace_back(t);
+        } else {
+          results.push_back(std::move(r));
+        }
+      }
+      // Views (expand, unfold...) are free until copied out: bound what is materialised.
+      for (size_t i = 0; i < results.size(); ++i)
+        if (results[i].isTensor() && results[i].toTensor().numel() > bound)
+          return error(too_large("return " + std::to_string(i) + " has", results[i].toTensor().numel(), bound,
+                                 input_elements));
+      for (auto& r : results)
+        if (r.isTensor()) r = r.toTensor().contiguous();
+    } catch (const std::exception& e) {
+      if (budget.refused > 0) return error(over_budget(budget, input_elements));
+      return error("ATen op " + name + " failed: " + first_line(e.what()), ORT_FAIL);
+    }
     const size_t n_out = ctx.GetOutputCount();
     if (n_out > results.size())
       return error("ATen op " + name + ": node has " + std::to_string(n_out) + " outputs but the op returned " +
@@ -515,13 +563,13 @@ struct AtenKernel {
         return error("ATen op " + name + ": return " + std::to_string(i) + " is a " + results[i].tagKind() +
                      ", not a tensor or number", ORT_NOT_IMPLEMENTED);
       }
-      t = t.contiguous();
       auto onnx_type = to_onnx_type(t.scalar_type());
       if (!onnx_type)
         return error("ATen op " + name + ": return " + std::to_string(i) + " has dtype " +
                      std::string(c10::toString(t.scalar_type())) + ", which ONNX Runtime cannot hold", ORT_NOT_IMPLEMENTED);
       std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
       Ort::UnownedValue out = ctx.GetOutput(i, shape.data(), shape.size());
+      if (static_cast<OrtValue*>(out) == nullptr) continue;  // an omitted output (""): nothing reads it
       auto out_type = out.GetTensorTypeAndShapeInfo().GetElementType();
       if (out_type != *onnx_type)
         return error("ATen op " + name + ": return " + std::to_string(i) + " has dtype " +
@@ -557,7 +605,14 @@ struct AtenOp : Ort::CustomOpBase<AtenOp, AtenKernel, /*WithStatus=*/true> {
   Ort::Status create(const OrtKernelInfo* info, void** kernel) const {
     try {
       Ort::ConstKernelInfo ki(info);
-      const std::string op = ki.GetAttribute<std::string>("operator");
+      std::string op;
+      try {
+        op = ki.GetAttribute<std::string>("operator");
+      } catch (const Ort::Exception&) {
+        return error("org.pytorch.aten::ATen node '" + ki.GetNodeName() +
+                     "': it has no string attribute 'operator' (the ATen operator to run, e.g. \"cummax\")");
+      }
+      if (op.empty() || op == "aten::") return error("org.pytorch.aten::ATen node '" + ki.GetNodeName() + "': its 'operator' attribute is empty");
       std::string overload;
       try {
         overload = ki.GetAttribute<std::string>("overload_name");

@@ -1,0 +1,230 @@
+// What libopforge_aten checks about a node's arguments before its operator runs, and the
+// memory budget it runs under. Included by aten_op.cc only (one translation unit).
+//
+// A model file is untrusted input, and an ATen node hands the model's values straight to a
+// libtorch kernel. libtorch validates most arguments, but not all (issue #43): some integer
+// enums index tables unchecked, a few kernels trust their index tensors, integer division
+// traps on MIN / -1, some integers drive loops, and sizes hidden in data (a count tensor,
+// one_hot's classes, a padding) make allocations no size argument shows. Each of those is
+// handled here, before the call, by one of:
+//   * enum_ranges(): integer arguments that are enums or loop counts, checked against their
+//     valid values;
+//   * check_values(): arguments whose *data* a kernel trusts (ctc_loss's targets, the degree
+//     tensor of the special polynomials, integer division's operands);
+//   * NodeBudget: every CPU allocation libtorch makes for the node, on the thread that runs
+//     it, counts against a byte budget; the first one past it fails before any memory is
+//     taken. This bounds outputs and intermediates alike (eye(25000), bincount([3e8]),
+//     mvlgamma(p=3e8)'s internal range) without per-op size rules, and also bounds the work of
+//     kernels that allocate as they loop.
+// Ops that could not be made safe this way (backward kernels, `unsafe=` flags, quantization
+// internals...) are not on the allow-list at all (opforge/aten/policy.py).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace opforge_aten {
+
+// ---- the per-node memory budget ---------------------------------------------------------------
+
+struct NodeBudget {
+  uint64_t left;            // bytes the node may still allocate
+  uint64_t refused = 0;     // size of the allocation that was refused (0: none)
+  uint64_t allocated = 0;   // bytes allocated so far
+};
+
+inline thread_local NodeBudget* t_node_budget = nullptr;
+
+// Sits in front of libtorch's CPU allocator. Outside an ATen node (no budget on the thread) it
+// only forwards: the user's own torch code is unaffected. The budget counts bytes allocated, not
+// bytes live: a kernel that allocates in a loop uses it up too, which bounds its work.
+class BudgetedCpuAllocator final : public c10::Allocator {
+ public:
+  explicit BudgetedCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (NodeBudget* budget = t_node_budget) {
+      if (n > budget->left) {
+        budget->refused = n;
+        TORCH_CHECK(false, "opforge: an allocation of ", n, " bytes would exceed this node's memory budget");
+      }
+      budget->left -= n;
+      budget->allocated += n;
+    }
+    return inner_->allocate(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
+  bool is_simple_data_ptr(const c10::DataPtr& data_ptr) const override {
+    return inner_->is_simple_data_ptr(data_ptr);
+  }
+  c10::Allocator* inner() const { return inner_; }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+// Puts the budgeted allocator in front of whatever CPU allocator libtorch has now; true when it
+// is the one libtorch uses (another library may have installed one with a higher priority, and
+// then no budget could be kept: the caller refuses to run nodes rather than run them unbounded).
+inline bool install_budgeted_allocator() {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (dynamic_cast<BudgetedCpuAllocator*>(current) != nullptr) return true;
+  // One per allocator it wraps, never freed: tensors made through it may outlive everything.
+  auto* wrapper = new BudgetedCpuAllocator(current);
+  c10::SetCPUAllocator(wrapper, /*priority=*/0);
+  return c10::GetCPUAllocator() == wrapper;
+}
+
+// While alive, the calling thread's CPU allocations count against `budget`.
+class BudgetScope {
+ public:
+  explicit BudgetScope(NodeBudget& budget) : saved_(t_node_budget) { t_node_budget = &budget; }
+  ~BudgetScope() { t_node_budget = saved_; }
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+
+ private:
+  NodeBudget* saved_;
+};
+
+// ---- integer arguments with a fixed set of valid values -------------------------------------
+
+struct IntRange {
+  const char* op;   // operator name without "aten::"; "*": every operator
+  const char* arg;  // schema argument name
+  int64_t lo, hi;   // valid values, inclusive
+  const char* meaning;
+};
+
+// Enums that kernels use to pick a code path (a value outside leaves the output unwritten:
+// grid_sampler with interpolation_mode=3 returned another session's data), and integers that
+// drive loops (matrix_power negates n, so INT64_MIN never ends). Reductions are checked for every
+// op that takes one.
+inline const IntRange kIntRanges[] = {
+    {"grid_sampler", "interpolation_mode", 0, 2, "0 bilinear, 1 nearest, 2 bicubic"},
+    {"grid_sampler_2d", "interpolation_mode", 0, 2, "0 bilinear, 1 nearest, 2 bicubic"},
+    {"grid_sampler_3d", "interpolation_mode", 0, 1, "0 bilinear, 1 nearest; 3-D has no bicubic"},
+    {"grid_sampler", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
+    {"grid_sampler_2d", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
+    {"grid_sampler_3d", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
+    {"*", "reduction", 0, 2, "0 none, 1 mean, 2 sum"},
+    {"embedding_bag", "mode", 0, 2, "0 sum, 1 mean, 2 max"},
+    {"matrix_power", "n", -(int64_t{1} << 31), int64_t{1} << 31, "a power; its magnitude drives a loop"},
+    {"linalg_matrix_power", "n", -(int64_t{1} << 31), int64_t{1} << 31, "a power; its magnitude drives a loop"},
+};
+
+// The error for args[i] when it breaks an IntRange, or "".
+inline std::string check_int_ranges(const std::string& op, const c10::Argument& arg, const c10::IValue& value) {
+  if (!value.isInt()) return "";
+  const int64_t v = value.toInt();
+  for (const IntRange& r : kIntRanges) {
+    if ((std::string(r.op) != "*" && op != r.op) || arg.name() != r.arg) continue;
+    if (v < r.lo || v > r.hi)
+      return "'" + arg.name() + "' is " + std::to_string(v) + "; valid values are " + std::to_string(r.lo) + " to " +
+             std::to_string(r.hi) + " (" + r.meaning + ")";
+  }
+  return "";
+}
+
+// ---- argument data kernels trust --------------------------------------------------------------
+
+// The largest degree the special polynomials (chebyshev, hermite, laguerre, legendre, ...) are
+// given: their kernels loop `n` times per element (legendre_polynomial_p(0.5, n=1e18) ran for
+// hours), and a degree past a few hundred is already all rounding error.
+constexpr double kMaxPolynomialDegree = 65536;
+
+inline const c10::IValue* find_argument(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                                        const char* name) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < stack.size(); ++i)
+    if (args[i].name() == name) return &stack[i];
+  return nullptr;
+}
+
+// Checks the data of arguments a kernel trusts; "" when fine, else what is wrong (naming the
+// argument). Runs before the op, on the node's own inputs (no copies beyond a dtype cast of an
+// integer tensor).
+inline std::string check_values(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  const std::string op = schema.name().substr(6);  // without "aten::"
+
+  // ctc_loss's CPU kernel indexes log_probs with each target, unchecked (SIGSEGV at 2^40).
+  if (op == "ctc_loss") {
+    const c10::IValue* log_probs = find_argument(schema, stack, "log_probs");
+    const c10::IValue* targets = find_argument(schema, stack, "targets");
+    if (log_probs && targets && log_probs->isTensor() && targets->isTensor()) {
+      const at::Tensor& lp = log_probs->toTensor();
+      const at::Tensor& t = targets->toTensor();
+      if (lp.dim() < 1) return "'log_probs' must have a class dimension";
+      if (t.is_floating_point() || t.is_complex()) return "'targets' must be an integer tensor";
+      if (t.numel() > 0) {
+        const int64_t classes = lp.size(-1);
+        const at::Tensor as_long = t.to(at::kLong);
+        const int64_t lo = as_long.min().item<int64_t>(), hi = as_long.max().item<int64_t>();
+        if (lo < 0 || hi >= classes)
+          return "'targets' holds " + std::to_string(lo < 0 ? lo : hi) + "; every target must be a class of " +
+                 "log_probs, 0 to " + std::to_string(classes - 1);
+      }
+    }
+  }
+
+  // The special polynomials: a degree tensor (or number) drives a loop per element.
+  if (op.rfind("special_", 0) == 0 && op.find("_polynomial_") != std::string::npos) {
+    const c10::IValue* n = find_argument(schema, stack, "n");
+    if (n != nullptr) {
+      bool finite_and_small = true;
+      if (n->isTensor()) {
+        const at::Tensor d = n->toTensor().to(at::kDouble);
+        finite_and_small = d.numel() == 0 || (d.isfinite().all().item<bool>() &&
+                                              d.abs().max().item<double>() <= kMaxPolynomialDegree);
+      } else if (n->isScalar() || n->isDouble() || n->isInt()) {
+        const double d = n->toScalar().toDouble();
+        finite_and_small = std::isfinite(d) && std::fabs(d) <= kMaxPolynomialDegree;
+      }
+      if (!finite_and_small)
+        return "'n' must hold finite degrees of at most " + std::to_string(static_cast<int64_t>(kMaxPolynomialDegree)) +
+               " in magnitude (its kernel loops n times per element)";
+    }
+  }
+
+  // Integer division rounding toward zero or down: x86's idiv traps (SIGFPE, the process dies)
+  // on MIN / -1 in 32 and 64 bits; torch's kernel does not test for it.
+  if ((op == "div" || op == "divide") && find_argument(schema, stack, "rounding_mode") != nullptr) {
+    const c10::IValue* mode = find_argument(schema, stack, "rounding_mode");
+    const c10::IValue* self = find_argument(schema, stack, "self");
+    const c10::IValue* other = find_argument(schema, stack, "other");
+    if (mode->isString() && self && other && self->isTensor()) {
+      const at::Tensor& a = self->toTensor();
+      std::optional<at::Tensor> b_tensor;
+      std::optional<c10::Scalar> b_scalar;
+      if (other->isTensor()) b_tensor = other->toTensor();
+      else if (other->isScalar() || other->isInt() || other->isDouble()) b_scalar = other->toScalar();
+      if (b_tensor || b_scalar) {
+        const at::ScalarType type = b_tensor ? at::result_type(a, *b_tensor) : at::result_type(a, *b_scalar);
+        if (type == at::kInt || type == at::kLong) {
+          const int64_t min = type == at::kInt ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min();
+          const bool has_min = a.numel() > 0 && a.to(at::kLong).eq(min).any().item<bool>();
+          const bool has_minus_one = b_tensor ? (b_tensor->numel() > 0 && b_tensor->to(at::kLong).eq(-1).any().item<bool>())
+                                              : (b_scalar->isIntegral(false) && b_scalar->toLong() == -1);
+          if (has_min && has_minus_one)
+            return "'self' holds " + std::to_string(min) + " and 'other' holds -1: integer division of " +
+                   c10::toString(type) + "'s minimum by -1 overflows (x86 traps on it)";
+        }
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace opforge_aten
