@@ -126,8 +126,27 @@ def _decode_constant(arg: torch.Argument, value: np.ndarray) -> Any:
     if kind == "ListType":
         return [int(v) if np.issubdtype(value.dtype, np.integer) else float(v) for v in value.reshape(-1)]
     if kind == "ScalarTypeType":
-        return _SCALAR_TYPES[int(value.reshape(-1)[0])]
+        code = int(value.reshape(-1)[0])
+        if code not in _SCALAR_TYPES:
+            raise ValueError(f"opforge: argument '{arg.name}': ScalarType {code} has no ONNX type")
+        return _SCALAR_TYPES[code]
     return value.item() if value.size == 1 else value.tolist()
+
+
+def _check_constant(op: torch._ops.OpOverload, index: int, arg: torch.Argument, value: np.ndarray) -> None:
+    """Refuses an integer constant libopforge_aten would refuse (an enum out of range, a loop count
+    past its bound), before it reaches even a meta run: torch's meta kernels trust them too
+    (full_like with memory_format=-1 crashed the process)."""
+    t = getattr(arg, "real_type", arg.type)
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    if t.kind() not in ("IntType", "SymIntType", "ScalarTypeType", "LayoutType", "MemoryFormatType"):
+        return
+    if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+        return  # the library names what is wrong with its shape or type
+    problem = policy.argument_problem(op._schema.name.split("::")[-1], arg.name, t.kind(), int(value.reshape(-1)[0]))
+    if problem is not None:
+        raise ValueError(f"opforge: ATen op {op._schema.name}, argument {index} '{arg.name}' ({t}): {problem}")
 
 
 _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
@@ -158,6 +177,7 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
             shape = [d if isinstance(d, int) and d >= 0 else unknown_dim for d in shapes.get(name) or []]
             put(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
         elif name in consts:
+            _check_constant(op, i, arg, consts[name])
             put(_decode_constant(arg, consts[name]))
         else:
             return None

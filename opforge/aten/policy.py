@@ -14,7 +14,15 @@ committed; ``tests/test_aten_policy.py`` fails when torch's operators and the co
 part ways, so a torch upgrade is reviewed, not silently trusted. Regenerate with
 ``python -m opforge.aten.policy --write``.
 
-Refused, first rule that matches (each with the reason the error gives):
+The criteria (issue #43). An operator runs by default only if a model export can put it there
+(a forward, public, functional operator: what opforge's exporters emit as a fallback, what
+torch's ATen-fallback export and ``g.at(...)`` symbolics write) and every argument it takes is
+safe to take from a model file: either it is elementwise / reduction / shape math, whose memory
+libopforge_aten bounds while it runs, or its index, offset, size, count, enum and flag
+arguments are each checked (by ATen, or by libopforge_aten before the call: see
+``csrc/aten_guards.h``), with ``tests/aten_fuzz.py`` feeding every allowed operator hostile
+values for every argument. So the following are refused, first rule that matches (each with
+the reason the error gives):
 
 * ``from_file``: reads the file the model names;
 * ops that draw from the global random-number generator (a ``Generator`` argument, or torch's
@@ -26,6 +34,13 @@ Refused, first rule that matches (each with the reason the error gives):
   from raw bytes;
 * sparse, nested and quantized tensor constructors (unchecked indices; ORT cannot hold them);
 * ``pin_memory`` (a CUDA driver resource), ``combinations`` (output grows as n^r, r from the model);
+* backward kernels (``*_backward*``, ``*_jvp``): they take a forward pass's saved indices, sizes
+  and windows and trust them (max_pool2d_with_indices_backward with index 2^33 crashed the
+  process), and no exporter puts one in a forward model;
+* quantization internals (``choose_qparams*``, observers, ``q_*`` accessors) and internal kernels
+  of other ops (``slow_conv*``, ``thnn_conv*``, SyncBatchNorm's ``batch_norm_stats``...), reached
+  in torch only after the public op's checks;
+* ops with an ``unsafe`` flag (``segment_reduce``: its offsets are then read unchecked);
 * private (``_``-prefixed) operators, but for the few opforge's exporters emit;
 * every overload that writes into an argument (in-place, ``out=``) is refused by the library
   whatever the list says: ORT's inputs are read-only.
@@ -33,9 +48,10 @@ Refused, first rule that matches (each with the reason the error gives):
 A trusted model opts in explicitly: ``opforge.ort_session(model, allow_aten={"bernoulli"})``,
 or for plain ONNX Runtime ``sess_options.add_session_config_entry("opforge.aten.allow",
 "bernoulli,normal")`` before ``register_custom_ops_library``. ``"*"`` allows every operator
-(the pre-0.3 behaviour). Sizes a model asks for (``size=``, ``repeats=``, ``num_classes=``...)
-are checked at run time against the node's inputs; ``opforge.aten.max_elements`` raises that
-bound for a trusted model (see README, "ATen trust model").
+(the pre-0.3 behaviour). What an allowed operator is given is checked at run time, before it
+runs (enums, loop counts, the data of arguments a kernel trusts), and what it allocates counts
+against the node's memory budget; ``opforge.aten.max_elements`` raises that bound for a trusted
+model (see docs/aten.md, "ATen trust model").
 """
 
 from __future__ import annotations
@@ -48,6 +64,8 @@ from typing import Iterable, Optional
 
 #: The list libopforge_aten compiles in (X-macros, one op per line).
 POLICY_FILE = Path(__file__).resolve().parent / "csrc" / "aten_policy.inc"
+#: Integer arguments that must lie in a range (enums, loop counts), which the library checks too.
+ARG_RANGES_FILE = POLICY_FILE.with_name("aten_arg_ranges.inc")
 #: Session config keys libopforge_aten reads when it is registered (csrc/aten_op.cc).
 ALLOW_CONFIG_KEY = "opforge.aten.allow"
 MAX_ELEMENTS_CONFIG_KEY = "opforge.aten.max_elements"
@@ -178,6 +196,35 @@ def _has_functional_overload(name: str) -> bool:
     if packet is None or not hasattr(packet, "overloads"):
         return False
     return any(not _writes(getattr(packet, o)._schema) for o in packet.overloads())
+
+
+@functools.lru_cache(maxsize=None)
+def int_ranges() -> tuple:
+    """((operator or "*", argument, lowest, highest, meaning), ...) from ``aten_arg_ranges.inc``."""
+    return tuple((op, arg, int(lo), int(hi), meaning) for op, arg, lo, hi, meaning in re.findall(
+        r'^OPFORGE_ATEN_INT_RANGE\("([^"]+)", "([^"]+)", (-?\d+), (-?\d+), "([^"]+)"\)', ARG_RANGES_FILE.read_text(),
+        re.M))
+
+
+#: ScalarType codes of dense numeric dtypes (uint8 ... bool, bfloat16), the only ones the library takes.
+DENSE_SCALAR_TYPES = frozenset(range(12)) | {15}
+
+
+def argument_problem(operator: str, name: str, type_kind: str, value: int) -> Optional[str]:
+    """What is wrong with integer ``value`` for argument ``name`` (its real type's kind, e.g.
+    ``"ScalarTypeType"``) of ``aten::operator``, in the library's words; None when nothing is.
+    The same rules as libopforge_aten's (csrc/aten_op.cc, csrc/aten_guards.h): opforge's Python
+    runs a node's op on meta tensors to type its outputs, and a hostile enum crashes even that."""
+    if type_kind == "ScalarTypeType" and value not in DENSE_SCALAR_TYPES:
+        return f"{value} is not a valid ScalarType here (a dtype of dense numbers (0 to 11: uint8 ... bool, or 15: bfloat16))"
+    if type_kind == "LayoutType" and value != 0:
+        return f"{value} is not a valid Layout here (0 (strided: dense tensors only))"
+    if type_kind == "MemoryFormatType" and not 0 <= value <= 3:
+        return f"{value} is not a valid MemoryFormat here (0 to 3)"
+    for op, arg, lo, hi, meaning in int_ranges():
+        if op in ("*", operator) and arg == name and not lo <= value <= hi:
+            return f"'{name}' is {value}; valid values are {lo} to {hi} ({meaning})"
+    return None
 
 
 class AtenOpRefused(ValueError):

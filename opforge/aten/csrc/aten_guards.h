@@ -7,8 +7,8 @@
 // traps on MIN / -1, some integers drive loops, and sizes hidden in data (a count tensor,
 // one_hot's classes, a padding) make allocations no size argument shows. Each of those is
 // handled here, before the call, by one of:
-//   * enum_ranges(): integer arguments that are enums or loop counts, checked against their
-//     valid values;
+//   * check_int_ranges(): integer arguments that are enums or loop counts, checked against
+//     their valid values (aten_arg_ranges.inc, which opforge's Python reads too);
 //   * check_values(): arguments whose *data* a kernel trusts (ctc_loss's targets, the degree
 //     tensor of the special polynomials, integer division's operands);
 //   * NodeBudget: every CPU allocation libtorch makes for the node, on the thread that runs
@@ -108,22 +108,11 @@ struct IntRange {
   const char* meaning;
 };
 
-// Enums that kernels use to pick a code path (a value outside leaves the output unwritten:
-// grid_sampler with interpolation_mode=3 returned another session's data), and integers that
-// drive loops (matrix_power negates n, so INT64_MIN never ends). Reductions are checked for every
-// op that takes one.
+#define OPFORGE_ATEN_INT_RANGE(op, arg, lo, hi, meaning) {op, arg, lo, hi, meaning},
 inline const IntRange kIntRanges[] = {
-    {"grid_sampler", "interpolation_mode", 0, 2, "0 bilinear, 1 nearest, 2 bicubic"},
-    {"grid_sampler_2d", "interpolation_mode", 0, 2, "0 bilinear, 1 nearest, 2 bicubic"},
-    {"grid_sampler_3d", "interpolation_mode", 0, 1, "0 bilinear, 1 nearest; 3-D has no bicubic"},
-    {"grid_sampler", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
-    {"grid_sampler_2d", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
-    {"grid_sampler_3d", "padding_mode", 0, 2, "0 zeros, 1 border, 2 reflection"},
-    {"*", "reduction", 0, 2, "0 none, 1 mean, 2 sum"},
-    {"embedding_bag", "mode", 0, 2, "0 sum, 1 mean, 2 max"},
-    {"matrix_power", "n", -(int64_t{1} << 31), int64_t{1} << 31, "a power; its magnitude drives a loop"},
-    {"linalg_matrix_power", "n", -(int64_t{1} << 31), int64_t{1} << 31, "a power; its magnitude drives a loop"},
+#include "aten_arg_ranges.inc"
 };
+#undef OPFORGE_ATEN_INT_RANGE
 
 // The error for args[i] when it breaks an IntRange, or "".
 inline std::string check_int_ranges(const std::string& op, const c10::Argument& arg, const c10::IValue& value) {
