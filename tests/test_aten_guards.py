@@ -145,7 +145,7 @@ def test_integer_division_of_the_minimum_by_minus_one_is_an_error_not_sigfpe(ele
 def test_the_budget_refuses_an_allocation_before_it_is_made_and_names_the_way_out():
     model = aten_model("eye", "", [], consts=[np.array(25000)], out_types=(F,))
     with pytest.raises(Exception, match=r"ATen op aten::eye: asks for 2500000000 bytes more after 0, more than this "
-                                        r"node may allocate \(536870912 bytes.*'opforge.aten.max_elements'"):
+                                        r"node may allocate \(268435456 bytes.*'opforge.aten.max_elements'"):
         _run(model, {})
     small = aten_model("eye", "", [], consts=[np.array(300)], out_types=(F,))
     np.testing.assert_array_equal(_run(small, {})[0], np.eye(300, dtype=np.float32))

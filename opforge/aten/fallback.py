@@ -84,9 +84,25 @@ def resolve(operator: str, overload_name: str = "") -> torch._ops.OpOverload:
         elif len(candidates) == 1:
             overload_name = candidates[0]
     try:
-        return getattr(packet, overload_name or "default")
+        op = getattr(packet, overload_name or "default")
     except AttributeError:
         raise ValueError(f"opforge: aten::{name} has no overload {overload_name!r}; overloads: {overloads}") from None
+    if not _in_dispatcher(op):
+        raise ValueError(f"ATen op aten::{name}{'.' + overload_name if overload_name else ''}: no such operator (or "
+                         "overload) in this libtorch (a TorchScript builtin on Python numbers, which libopforge_aten "
+                         "does not run)")
+    return op
+
+
+def _in_dispatcher(op: torch._ops.OpOverload) -> bool:
+    """Whether libtorch's dispatcher has ``op``, as libopforge_aten looks it up. TorchScript's
+    builtins on Python numbers (aten::remainder.int, aten::gcd.int) are under ``torch.ops.aten``
+    too, but are not: and running one on a model's constants traps (INT64_MIN % -1: SIGFPE)."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
+        return True
+    except RuntimeError:
+        return False
 
 
 # ---- post-processing of exported models -------------------------------------------------
@@ -140,13 +156,17 @@ def _check_constant(op: torch._ops.OpOverload, index: int, arg: torch.Argument, 
     t = getattr(arg, "real_type", arg.type)
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
-    if t.kind() not in ("IntType", "SymIntType", "ScalarTypeType", "LayoutType", "MemoryFormatType"):
+    kind = t.kind()
+    if kind == "ListType" and t.getElementType().kind() in ("IntType", "SymIntType"):
+        kind = "IntType"  # each element
+    elif kind not in ("IntType", "SymIntType", "ScalarTypeType", "LayoutType", "MemoryFormatType") or value.size != 1:
         return
-    if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-        return  # the library names what is wrong with its shape or type
-    problem = policy.argument_problem(op._schema.name.split("::")[-1], arg.name, t.kind(), int(value.reshape(-1)[0]))
-    if problem is not None:
-        raise ValueError(f"opforge: ATen op {op._schema.name}, argument {index} '{arg.name}' ({t}): {problem}")
+    if not np.issubdtype(value.dtype, np.integer):
+        return  # the library names what is wrong with its type
+    for v in value.reshape(-1):
+        problem = policy.argument_problem(op._schema.name.split("::")[-1], arg.name, kind, int(v))
+        if problem is not None:
+            raise ValueError(f"opforge: ATen op {op._schema.name}, argument {index} '{arg.name}' ({t}): {problem}")
 
 
 _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
@@ -322,7 +342,7 @@ def dispatch_order(packet) -> list:
     names = packet.overloads()
     names = [o for o in ("default", "Tensor") if o in names] + [
         o for o in names if o not in ("default", "Tensor") and not o.endswith("out")]
-    ops = [op for op in (getattr(packet, o, None) for o in names) if op is not None]
+    ops = [op for op in (getattr(packet, o, None) for o in names) if op is not None and _in_dispatcher(op)]
     return [op for op in ops if not any(a.alias_info is not None and a.alias_info.is_write
                                         for a in op._schema.arguments)]
 

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace opforge_aten {
 
@@ -114,15 +115,18 @@ inline const IntRange kIntRanges[] = {
 };
 #undef OPFORGE_ATEN_INT_RANGE
 
-// The error for args[i] when it breaks an IntRange, or "".
+// The error for an argument that breaks an IntRange (an int, or an element of an int[]), or "".
 inline std::string check_int_ranges(const std::string& op, const c10::Argument& arg, const c10::IValue& value) {
-  if (!value.isInt()) return "";
-  const int64_t v = value.toInt();
+  std::vector<int64_t> values;
+  if (value.isInt()) values.push_back(value.toInt());
+  else if (value.isIntList()) values = value.toIntVector();
+  else return "";
   for (const IntRange& r : kIntRanges) {
     if ((std::string(r.op) != "*" && op != r.op) || arg.name() != r.arg) continue;
-    if (v < r.lo || v > r.hi)
-      return "'" + arg.name() + "' is " + std::to_string(v) + "; valid values are " + std::to_string(r.lo) + " to " +
-             std::to_string(r.hi) + " (" + r.meaning + ")";
+    for (int64_t v : values)
+      if (v < r.lo || v > r.hi)
+        return "'" + arg.name() + "' " + (value.isInt() ? "is " : "holds ") + std::to_string(v) + "; valid values are " +
+               std::to_string(r.lo) + " to " + std::to_string(r.hi) + " (" + r.meaning + ")";
   }
   return "";
 }
@@ -164,6 +168,60 @@ inline std::string check_values(const c10::FunctionSchema& schema, const torch::
         if (lo < 0 || hi >= classes)
           return "'targets' holds " + std::to_string(lo < 0 ? lo : hi) + "; every target must be a class of " +
                  "log_probs, 0 to " + std::to_string(classes - 1);
+      }
+    }
+  }
+
+  // LAPACK's geev crashes on non-finite input (linalg_eigvals of a NaN matrix: SIGSEGV);
+  // linalg_eig checks for it itself, eigvals does not.
+  if (op == "linalg_eigvals" || op == "linalg_eig") {
+    const c10::IValue* self = find_argument(schema, stack, "self");
+    if (self && self->isTensor() && self->toTensor().numel() > 0 &&
+        (self->toTensor().is_floating_point() || self->toTensor().is_complex()) &&
+        !self->toTensor().isfinite().all().item<bool>())
+      return "'self' holds NaN or infinity, which LAPACK's eigenvalue solver cannot take";
+  }
+
+  // Per-channel parameters of the normalisations: native_batch_norm reads weight[c] ... for
+  // every channel c of the input without checking their sizes (an empty weight returned
+  // uninitialised memory). batch_norm and instance_norm check them, but not before they update
+  // running statistics: checked for all three.
+  if (op == "native_batch_norm" || op == "batch_norm" || op == "instance_norm") {
+    const c10::IValue* input = find_argument(schema, stack, "input");
+    if (input && input->isTensor()) {
+      const at::Tensor& x = input->toTensor();
+      if (x.dim() < 2) return "'input' must have a channel dimension (at least 2-D)";
+      for (const char* name : {"weight", "bias", "running_mean", "running_var"}) {
+        const c10::IValue* p = find_argument(schema, stack, name);
+        if (p && p->isTensor() && (p->toTensor().dim() != 1 || p->toTensor().size(0) != x.size(1)))
+          return std::string("'") + name + "' must be 1-D with one value per channel of 'input' (" +
+                 std::to_string(x.size(1)) + "), got shape " + c10::str(p->toTensor().sizes());
+      }
+    }
+  }
+
+  // native_group_norm takes the input's sizes again as N, C and HxW, and trusts them (N=0
+  // left the output unwritten); group_norm, the public op, derives them itself.
+  if (op == "native_group_norm") {
+    const c10::IValue* input = find_argument(schema, stack, "input");
+    const c10::IValue *n = find_argument(schema, stack, "N"), *c = find_argument(schema, stack, "C"),
+                      *hxw = find_argument(schema, stack, "HxW"), *group = find_argument(schema, stack, "group");
+    if (input && input->isTensor() && n && c && hxw && group && n->isInt() && c->isInt() && hxw->isInt() &&
+        group->isInt()) {
+      const at::Tensor& x = input->toTensor();
+      const int64_t N = n->toInt(), C = c->toInt(), HxW = hxw->toInt(), G = group->toInt();
+      const bool fits = x.dim() >= 2 && N == x.size(0) && C == x.size(1) && HxW >= 0 && C > 0 &&
+                        HxW == (x.numel() / std::max<int64_t>(N * C, 1)) && N * C * HxW == x.numel();
+      if (!fits)
+        return "'N', 'C' and 'HxW' (" + std::to_string(N) + ", " + std::to_string(C) + ", " + std::to_string(HxW) +
+               ") must be the input's batch, channels and the product of the rest; the input is " +
+               c10::str(x.sizes());
+      if (G <= 0 || C % G != 0)
+        return "'group' is " + std::to_string(G) + "; it must be positive and divide C (" + std::to_string(C) + ")";
+      for (const char* name : {"weight", "bias"}) {
+        const c10::IValue* p = find_argument(schema, stack, name);
+        if (p && p->isTensor() && p->toTensor().numel() != C)
+          return std::string("'") + name + "' must hold one value per channel (" + std::to_string(C) + ")";
       }
     }
   }

@@ -98,9 +98,11 @@ const std::pair<const char*, const char*> kRefusedOps[] = {
 #undef OPFORGE_ATEN_ALLOW
 #undef OPFORGE_ATEN_REFUSE
 
-// Default bound on the elements one node may make: 2^26, or 64 per element of its
-// inputs where that is more (a repeat or an upsample of a large input).
-constexpr int64_t kMinElementBound = int64_t{1} << 26;
+// Default bound on the elements one node may make: 2^25, or 64 per element of its
+// inputs where that is more (a repeat or an upsample of a large input). With the budget below
+// (8 bytes an element: 256 MiB) a node's result, its copy into ORT's output and a process holding
+// torch stay under 1.5 GB.
+constexpr int64_t kMinElementBound = int64_t{1} << 25;
 constexpr int64_t kElementsPerInputElement = 64;
 // A node's memory budget (aten_guards.h): what its element bound comes to in the widest element
 // type (double, int64), for outputs and intermediates together.
@@ -306,7 +308,7 @@ struct AtenKernel {
     return "ATen op " + name + ": " + what + " " + std::to_string(elements) + " elements, more than this node may make (" +
            std::to_string(bound) +
            (policy->max_elements > 0 ? std::string(", set by '") + kMaxElementsKey + "'"
-                                     : ": the larger of 2^26 and 64 per element of its inputs, which have " +
+                                     : ": the larger of 2^25 and 64 per element of its inputs, which have " +
                                            std::to_string(input_elements)) +
            "); a model cannot demand memory at will. If you trust this model, raise the bound: "
            "sess_options.add_session_config_entry('" + kMaxElementsKey + "', 'N') before registering libopforge_aten";
@@ -473,7 +475,7 @@ struct AtenKernel {
            std::to_string(budget.allocated) + ", more than this node may allocate (" + std::to_string(total) +
            " bytes: " + std::to_string(kBudgetBytesPerElement) + " per element of its bound, " +
            (policy->max_elements > 0 ? std::string("set by '") + kMaxElementsKey + "'"
-                                     : "the larger of 2^26 and 64 per element of its inputs, which have " +
+                                     : "the larger of 2^25 and 64 per element of its inputs, which have " +
                                            std::to_string(input_elements)) +
            "); a model cannot demand memory at will. If you trust this model, raise the bound: "
            "sess_options.add_session_config_entry('" + kMaxElementsKey + "', 'N') before registering libopforge_aten";
@@ -514,6 +516,12 @@ struct AtenKernel {
       stack.push_back(std::move(value));
     }
     if (Ort::Status st = check_sizes(stack, input_elements); !st.IsOK()) return st;
+    // batch_norm / native_batch_norm / instance_norm update their running statistics in place when
+    // training, although their schemas do not say they write: give them copies, never ORT's
+    // (read-only, possibly shared) buffers.
+    for (size_t i = 0; i < args.size(); ++i)
+      if ((args[i].name() == "running_mean" || args[i].name() == "running_var") && stack[i].isTensor())
+        stack[i] = stack[i].toTensor().clone();
     for (size_t i = 0; i < args.size(); ++i)
       if (std::string bad = opforge_aten::check_int_ranges(schema.name().substr(6), args[i], stack[i]); !bad.empty())
         return error(where(args[i], i) + ": " + bad);
