@@ -131,6 +131,8 @@ def _decode_constant(arg: torch.Argument, value: np.ndarray) -> Any:
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
     kind = t.kind()
+    if kind != "ListType" and value.size != 1:
+        raise ValueError(f"opforge: argument '{arg.name}' takes one value, the node gives {value.size}")
     if kind in ("IntType", "SymIntType"):
         return int(value.reshape(-1)[0])
     if kind == "FloatType":
@@ -313,7 +315,7 @@ def _fits(arg: torch.Argument, value: Any) -> bool:
     return False
 
 
-def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: set) -> Optional[list]:
+def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: dict) -> Optional[list]:
     """How the node's inputs (names) and typed attributes fill ``op``'s arguments, or None if they
     cannot: [("input", k) | ("value", v) | ("default", arg)] in schema order. A tensor argument takes
     any input; a non-tensor one takes an attribute of its name, or a constant input (opforge's
@@ -325,7 +327,8 @@ def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: set) -> 
                 return None
             plan.append(("value", attrs[arg.name]))
             used.add(arg.name)
-        elif k < len(inputs) and (_is_tensor_arg(arg) or inputs[k] in consts or inputs[k] in ("", NONE_INPUT)):
+        elif k < len(inputs) and (_is_tensor_arg(arg) or inputs[k] in ("", NONE_INPUT) or
+                                  (inputs[k] in consts and _constant_fits(arg, consts[inputs[k]]))):
             plan.append(("input", k))
             k += 1
         elif k >= len(inputs) and (arg.has_default_value() or isinstance(arg.type, torch.OptionalType)):
@@ -333,6 +336,17 @@ def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: set) -> 
         else:
             return None
     return plan if k == len(inputs) and used == set(attrs) else None
+
+
+def _constant_fits(arg: torch.Argument, value) -> bool:
+    """Whether a constant input can be ``arg``: one value for a number, a list for a list (so
+    ``split(x, [2, 2])`` binds split.sizes, not split.Tensor's single size)."""
+    if not isinstance(value, np.ndarray):
+        return True
+    t = arg.type.getElementType() if isinstance(arg.type, torch.OptionalType) else arg.type
+    if isinstance(t, torch.ListType):
+        return value.ndim <= 1
+    return value.size == 1
 
 
 def dispatch_order(packet) -> list:
@@ -347,7 +361,7 @@ def dispatch_order(packet) -> list:
                                         for a in op._schema.arguments)]
 
 
-def _bind_overload(node: onnx.NodeProto, consts: set) -> tuple[torch._ops.OpOverload, list]:
+def _bind_overload(node: onnx.NodeProto, consts: dict) -> tuple[torch._ops.OpOverload, list]:
     """The overload an ATen node means when it names none (``overload_name=""``), chosen the way the
     dispatcher picks one for a call: the first overload -- ``default``, then ``Tensor``, then the
     others in registration order; never ``out`` or in-place ones -- whose schema the node's inputs
@@ -373,7 +387,7 @@ def _bind_overload(node: onnx.NodeProto, consts: set) -> tuple[torch._ops.OpOver
                      f"(non-out overloads: {[o for o in overloads if not o.endswith('out')]})")
 
 
-def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: set) -> None:
+def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: dict) -> None:
     """Names the overload of an ATen node that names none and rewrites typed scalar attributes
     into opforge's encoding: constant inputs in schema order (defaults in between spelled out)."""
     op, plan = _bind_overload(node, consts)
@@ -423,7 +437,7 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
     _unpack_sequence_outputs(g, aten_nodes)
     ops = set()
     need_none = False
-    const_names = set(_constants(g))
+    const_names = _constants(g)  # name -> value: a constant must also fit the argument it fills
     for index, node in enumerate(aten_nodes):
         if _scalar_attrs(node):
             _resolve_node(g, node, index, const_names)
