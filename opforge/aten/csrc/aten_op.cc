@@ -21,11 +21,13 @@
 // from the rules in opforge/aten/policy.py) and refuses the rest when
 // the session is created, naming the op and how to allow it. The session config
 // entry "opforge.aten.allow" (comma-separated names, or "*"), read when the
-// library is registered, opts a trusted model in. Sizes the model asks for
-// (size=, repeats=, num_classes=, arange's range...) are checked against the
-// node's inputs before the op runs, and every result before it is copied out,
-// so a hostile model cannot demand terabytes ("opforge.aten.max_elements"
-// raises the bound).
+// library is registered, opts a trusted model in. What an allowed op is given is
+// checked before it runs (sizes the model asks for against the node's inputs;
+// enums, loop counts and the data some kernels trust: aten_guards.h), what it
+// allocates counts against the node's memory budget while it runs, and every
+// result is bounded before it is copied out, so a hostile model cannot demand
+// terabytes, read memory it was not given or hang the session
+// ("opforge.aten.max_elements" raises the bound and the budget).
 //
 // CUDA builds (OPFORGE_WITH_CUDA) register the kernel for the CUDA execution
 // provider too: inputs are wrapped as CUDA tensors where ORT placed them, and
