@@ -290,14 +290,14 @@ def _aten_node(operator, inputs, **attrs):
     ("searchsorted", ["s", "c"], {}, {"c"}, "searchsorted.Tensor"),    # Tensor comes first for a constant
 ])
 def test_overloads_are_resolved_from_the_arguments(operator, inputs, attrs, consts, expected):
-    op, plan = fallback._bind_overload(_aten_node(operator, inputs, **attrs), consts)
+    op, plan = fallback.bind_overload(_aten_node(operator, inputs, **attrs), consts)
     assert f"{op._schema.name.split('::')[1]}.{op._overloadname}" == expected
     assert [p[1] for p in plan if p[0] == "value"] == list(attrs.values())
 
 
 def test_an_unbindable_g_at_node_names_the_overloads():
     with pytest.raises(ValueError, match=r"no overload of aten::pow takes inputs \['x'\], bogus=1.0 \(non-out overloads"):
-        fallback._bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
+        fallback.bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
 
 
 def test_g_at_with_int_and_keyword_scalar_attributes_runs():

@@ -134,6 +134,7 @@ def test_no_module_over_the_line_limit():
 #: (docs/architecture.md, "What may import what").
 ATEN_LAYERS = (
     {"errors", "policy", "samples", "rules"},
+    {"nodes"},
     {"lowerings", "fallback"},
     {"binding", "compositions", "downgrade"},
     {"translation"},

@@ -132,7 +132,7 @@ def _is_constant(value) -> bool:
 def _overloads(kind: str, original_schema: str) -> list:
     """Candidate schemas for a node, best first: the one the tracer recorded when it is known;
     else the ATen fallback's dispatcher order (default, Tensor, the rest; never out= or in-place)."""
-    from .fallback import dispatch_order
+    from .nodes import dispatch_order
 
     if original_schema != "(no schema)":
         schema = torch._C.parse_schema(original_schema)

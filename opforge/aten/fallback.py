@@ -30,9 +30,10 @@ from onnx.defs import OpSchema
 
 from ..exporter_cache import torchlib_registry
 from . import policy
+from .nodes import (ATEN_DOMAIN, NONE_INPUT, ONNX_TO_TORCH, SCALAR_TYPES, TORCH_TO_ONNX, bind_overload,  # noqa: F401
+                    check_constant, decode_constant, dispatch_order, has_scalar_attrs, node_op,
+                    resolve, scalar_attrs)
 
-ATEN_DOMAIN = "org.pytorch.aten"
-NONE_INPUT = "opforge_aten_none"  # must match csrc/aten_op.cc: kNoneInput
 
 
 class AtenFallbackWarning(UserWarning):
@@ -65,56 +66,7 @@ def register_schema() -> None:
         onnx.defs.register_schema(schema())
 
 
-def resolve(operator: str, overload_name: str = "") -> torch._ops.OpOverload:
-    """``("frexp", "Tensor")`` -> ``torch.ops.aten.frexp.Tensor``; clear error if unknown.
-
-    The TorchScript exporter writes ``overload_name=""`` even for ops without a default
-    overload (``aten::searchsorted``); then the ``Tensor`` overload (or else the only
-    non-``out`` one) is meant.
-    """
-    name = operator.split("::")[-1]
-    packet = getattr(torch.ops.aten, name, None)
-    if packet is None:
-        raise ValueError(f"opforge: aten::{name} is not an ATen operator in torch {torch.__version__}")
-    overloads = packet.overloads()
-    if not overload_name and "default" not in overloads:
-        candidates = [o for o in overloads if not o.endswith("out")]
-        if "Tensor" in candidates:
-            overload_name = "Tensor"
-        elif len(candidates) == 1:
-            overload_name = candidates[0]
-    try:
-        op = getattr(packet, overload_name or "default")
-    except AttributeError:
-        raise ValueError(f"opforge: aten::{name} has no overload {overload_name!r}; overloads: {overloads}") from None
-    if not _in_dispatcher(op):
-        raise ValueError(f"ATen op aten::{name}{'.' + overload_name if overload_name else ''}: no such operator (or "
-                         "overload) in this libtorch (a TorchScript builtin on Python numbers, which libopforge_aten "
-                         "does not run)")
-    return op
-
-
-def _in_dispatcher(op: torch._ops.OpOverload) -> bool:
-    """Whether libtorch's dispatcher has ``op``, as libopforge_aten looks it up. TorchScript's
-    builtins on Python numbers (aten::remainder.int, aten::gcd.int) are under ``torch.ops.aten``
-    too, but are not: and running one on a model's constants traps (INT64_MIN % -1: SIGFPE)."""
-    try:
-        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
-        return True
-    except RuntimeError:
-        return False
-
-
 # ---- post-processing of exported models -------------------------------------------------
-
-_ONNX_TO_TORCH = {
-    TensorProto.FLOAT: torch.float32, TensorProto.DOUBLE: torch.float64, TensorProto.FLOAT16: torch.float16,
-    TensorProto.BFLOAT16: torch.bfloat16, TensorProto.INT8: torch.int8, TensorProto.UINT8: torch.uint8,
-    TensorProto.INT16: torch.int16, TensorProto.INT32: torch.int32, TensorProto.INT64: torch.int64,
-    TensorProto.BOOL: torch.bool,
-}
-_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
-
 
 def _constants(graph: onnx.GraphProto) -> dict:
     values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
@@ -124,55 +76,6 @@ def _constants(graph: onnx.GraphProto) -> dict:
                 if attr.name == "value":
                     values[node.output[0]] = numpy_helper.to_array(attr.t)
     return values
-
-
-def _decode_constant(arg: torch.Argument, value: np.ndarray) -> Any:
-    t = getattr(arg, "real_type", arg.type)  # .type shows ScalarType as int
-    if isinstance(t, torch.OptionalType):
-        t = t.getElementType()
-    kind = t.kind()
-    if kind != "ListType" and value.size != 1:
-        raise ValueError(f"opforge: argument '{arg.name}' takes one value, the node gives {value.size}")
-    if kind in ("IntType", "SymIntType"):
-        return int(value.reshape(-1)[0])
-    if kind == "FloatType":
-        return float(value.reshape(-1)[0])
-    if kind == "BoolType":
-        return bool(value.reshape(-1)[0])
-    if kind == "NumberType":
-        return value.reshape(-1)[0].item()
-    if kind == "ListType":
-        return [int(v) if np.issubdtype(value.dtype, np.integer) else float(v) for v in value.reshape(-1)]
-    if kind == "ScalarTypeType":
-        code = int(value.reshape(-1)[0])
-        if code not in _SCALAR_TYPES:
-            raise ValueError(f"opforge: argument '{arg.name}': ScalarType {code} has no ONNX type")
-        return _SCALAR_TYPES[code]
-    return value.item() if value.size == 1 else value.tolist()
-
-
-def _check_constant(op: torch._ops.OpOverload, index: int, arg: torch.Argument, value: np.ndarray) -> None:
-    """Refuses an integer constant libopforge_aten would refuse (an enum out of range, a loop count
-    past its bound), before it reaches even a meta run: torch's meta kernels trust them too
-    (full_like with memory_format=-1 crashed the process)."""
-    t = getattr(arg, "real_type", arg.type)
-    if isinstance(t, torch.OptionalType):
-        t = t.getElementType()
-    kind = t.kind()
-    if kind == "ListType" and t.getElementType().kind() in ("IntType", "SymIntType"):
-        kind = "IntType"  # each element
-    elif kind not in ("IntType", "SymIntType", "ScalarTypeType", "LayoutType", "MemoryFormatType") or value.size != 1:
-        return
-    if not np.issubdtype(value.dtype, np.integer):
-        return  # the library names what is wrong with its type
-    for v in value.reshape(-1):
-        problem = policy.argument_problem(op._schema.name.split("::")[-1], arg.name, kind, int(v))
-        if problem is not None:
-            raise ValueError(f"opforge: ATen op {op._schema.name}, argument {index} '{arg.name}' ({t}): {problem}")
-
-
-_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
-                 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
 
 
 def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict,
@@ -197,10 +100,10 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
             if name not in types:
                 return None
             shape = [d if isinstance(d, int) and d >= 0 else unknown_dim for d in shapes.get(name) or []]
-            put(torch.empty(shape, dtype=_ONNX_TO_TORCH[types[name]], device="meta"))
+            put(torch.empty(shape, dtype=ONNX_TO_TORCH[types[name]], device="meta"))
         elif name in consts:
-            _check_constant(op, i, arg, consts[name])
-            put(_decode_constant(arg, consts[name]))
+            check_constant(op, i, arg, consts[name])
+            put(decode_constant(arg, consts[name]))
         else:
             return None
     try:
@@ -208,7 +111,7 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
     except Exception:
         return None
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return [(_TORCH_TO_ONNX.get(o.dtype), list(o.shape)) if isinstance(o, torch.Tensor) else None for o in outs]
+    return [(TORCH_TO_ONNX.get(o.dtype), list(o.shape)) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
@@ -225,12 +128,6 @@ def _known_types(model: onnx.ModelProto) -> tuple[dict, dict]:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
     return types, shapes
-
-
-def _node_op(node: onnx.NodeProto) -> tuple[str, str]:
-    """(operator, overload_name) of an ATen node."""
-    attrs = {a.name: a.s.decode() for a in node.attribute if a.name in ("operator", "overload_name")}
-    return attrs["operator"], attrs.get("overload_name", "")
 
 
 def _fix_string_constants(g: onnx.GraphProto) -> None:
@@ -272,125 +169,10 @@ def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes) -> None:
         g.value_info.extend(kept)
 
 
-_NODE_ATTRS = ("operator", "overload_name")
-
-
-def _scalar_attrs(node: onnx.NodeProto) -> dict:
-    """Non-tensor arguments given as typed node attributes: the encoding of the TorchScript
-    exporter's ``g.at("pow", x, exponent_f=2.0)`` (the reference documents' ATen flow), where
-    opforge's own encoding passes them as constant inputs."""
-    out = {}
-    for a in node.attribute:
-        if a.name in _NODE_ATTRS:
-            continue
-        value = helper.get_attribute_value(a)
-        out[a.name] = value.decode() if isinstance(value, bytes) else (list(value) if isinstance(value, list) else value)
-    return out
-
-
-def has_scalar_attrs(model: onnx.ModelProto) -> bool:
-    """Whether any ATen node of ``model`` carries typed scalar attributes (the ``g.at`` encoding)."""
-    return any(n.op_type == "ATen" and n.domain == ATEN_DOMAIN and _scalar_attrs(n) for n in model.graph.node)
-
-
-def _is_tensor_arg(arg: torch.Argument) -> bool:
-    t = arg.type
-    return isinstance(t, torch.TensorType) or (isinstance(t, torch.OptionalType)
-                                                and isinstance(t.getElementType(), torch.TensorType))
-
-
-def _fits(arg: torch.Argument, value: Any) -> bool:
-    """Whether a typed attribute value can be ``arg`` (as the dispatcher's schema matching would accept
-    the Python value): int for int/bool/Scalar, float for float/Scalar, ints for int[], a string for str."""
-    t = getattr(arg, "real_type", arg.type)
-    kind = t.getElementType().kind() if isinstance(t, torch.OptionalType) else t.kind()
-    if isinstance(value, list):
-        return kind == "ListType" and all(isinstance(v, int) for v in value)
-    if isinstance(value, str):
-        return kind == "StringType"
-    if isinstance(value, int):
-        return kind in ("IntType", "SymIntType", "NumberType", "FloatType") or (kind == "BoolType" and value in (0, 1))
-    if isinstance(value, float):
-        return kind in ("FloatType", "NumberType")
-    return False
-
-
-def _bind(op: torch._ops.OpOverload, inputs: list, attrs: dict, consts: dict) -> Optional[list]:
-    """How the node's inputs (names) and typed attributes fill ``op``'s arguments, or None if they
-    cannot: [("input", k) | ("value", v) | ("default", arg)] in schema order. A tensor argument takes
-    any input; a non-tensor one takes an attribute of its name, or a constant input (opforge's
-    encoding), never a computed value; the rest must have defaults."""
-    plan, k, used = [], 0, set()
-    for arg in op._schema.arguments:
-        if arg.name in attrs:
-            if _is_tensor_arg(arg) or not _fits(arg, attrs[arg.name]):
-                return None
-            plan.append(("value", attrs[arg.name]))
-            used.add(arg.name)
-        elif k < len(inputs) and (_is_tensor_arg(arg) or inputs[k] in ("", NONE_INPUT) or
-                                  (inputs[k] in consts and _constant_fits(arg, consts[inputs[k]]))):
-            plan.append(("input", k))
-            k += 1
-        elif k >= len(inputs) and (arg.has_default_value() or isinstance(arg.type, torch.OptionalType)):
-            plan.append(("default", arg))
-        else:
-            return None
-    return plan if k == len(inputs) and used == set(attrs) else None
-
-
-def _constant_fits(arg: torch.Argument, value) -> bool:
-    """Whether a constant input can be ``arg``: one value for a number, a list for a list (so
-    ``split(x, [2, 2])`` binds split.sizes, not split.Tensor's single size)."""
-    if not isinstance(value, np.ndarray):
-        return True
-    t = arg.type.getElementType() if isinstance(arg.type, torch.OptionalType) else arg.type
-    if isinstance(t, torch.ListType):
-        return value.ndim <= 1
-    return value.size == 1
-
-
-def dispatch_order(packet) -> list:
-    """The overloads of an ATen op a call may mean, in the order the dispatcher tries them:
-    ``default``, then ``Tensor``, then the others in registration order; never ``out`` or
-    in-place ones (ORT's and ONNX's inputs are read-only)."""
-    names = packet.overloads()
-    names = [o for o in ("default", "Tensor") if o in names] + [
-        o for o in names if o not in ("default", "Tensor") and not o.endswith("out")]
-    ops = [op for op in (getattr(packet, o, None) for o in names) if op is not None and _in_dispatcher(op)]
-    return [op for op in ops if not any(a.alias_info is not None and a.alias_info.is_write
-                                        for a in op._schema.arguments)]
-
-
-def _bind_overload(node: onnx.NodeProto, consts: dict) -> tuple[torch._ops.OpOverload, list]:
-    """The overload an ATen node means when it names none (``overload_name=""``), chosen the way the
-    dispatcher picks one for a call: the first overload -- ``default``, then ``Tensor``, then the
-    others in registration order; never ``out`` or in-place ones -- whose schema the node's inputs
-    (in order) and typed attributes (by name) fill, the rest taking defaults."""
-    operator, overload = _node_op(node)
-    name = operator.split("::")[-1]
-    attrs = _scalar_attrs(node)
-    inputs = list(node.input)
-    packet = getattr(torch.ops.aten, name, None)
-    if packet is None:
-        raise ValueError(f"opforge: aten::{name} is not an ATen operator in torch {torch.__version__}")
-    overloads = packet.overloads()
-    if overload:
-        ops = [op for op in dispatch_order(packet) if op._overloadname == overload]
-    else:
-        ops = dispatch_order(packet)
-    for op in ops:
-        plan = _bind(op, inputs, attrs, consts)
-        if plan is not None:
-            return op, plan
-    given = ", ".join([f"inputs {inputs}"] + [f"{k}={v!r}" for k, v in attrs.items()])
-    raise ValueError(f"opforge: no overload of aten::{name}{'.' + overload if overload else ''} takes {given} "
-                     f"(non-out overloads: {[o for o in overloads if not o.endswith('out')]})")
-
-
 def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: dict) -> None:
     """Names the overload of an ATen node that names none and rewrites typed scalar attributes
     into opforge's encoding: constant inputs in schema order (defaults in between spelled out)."""
-    op, plan = _bind_overload(node, consts)
+    op, plan = bind_overload(node, consts)
     inputs = list(node.input)
     while plan and plan[-1][0] == "default":  # trailing defaults: left out, as the runtime fills them
         plan.pop()
@@ -439,14 +221,14 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
     need_none = False
     const_names = _constants(g)  # name -> value: a constant must also fit the argument it fills
     for index, node in enumerate(aten_nodes):
-        if _scalar_attrs(node):
+        if scalar_attrs(node):
             _resolve_node(g, node, index, const_names)
-        elif not _node_op(node)[1]:
+        elif not node_op(node)[1]:
             try:
                 _resolve_node(g, node, index, const_names)
             except ValueError:
                 pass  # computed values for scalar arguments (sizes from shapes): resolve()'s rule names it
-        operator, overload = _node_op(node)
+        operator, overload = node_op(node)
         resolved = resolve(operator, overload)._schema.overload_name
         if resolved != overload:  # make the ambiguous "" explicit for the runtime
             for a in node.attribute:
@@ -482,7 +264,7 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
                 shapes[name] = shape
         progress = False
         for node in list(pending):
-            op = resolve(*_node_op(node))
+            op = resolve(*node_op(node))
             # placeholder 2 keeps a rank (squeeze); 1 broadcasts against any known size
             dtypes = (_output_dtypes(op, node, types, shapes, consts)
                       or _output_dtypes(op, node, types, shapes, consts, unknown_dim=1))
@@ -517,9 +299,9 @@ def _constant_tensor(value: Any, arg: torch.Argument, name: str = "v") -> Tensor
     kind = t.getElementType().kind() if isinstance(t, torch.OptionalType) else t.kind()
     if kind == "ScalarTypeType" and not isinstance(value, torch.dtype):
         # the dynamo exporter hands dtypes to translations as ONNX data types (ir.DataType)
-        value = _ONNX_TO_TORCH[int(value)]
+        value = ONNX_TO_TORCH[int(value)]
     if isinstance(value, torch.dtype):
-        code = {v: k for k, v in _SCALAR_TYPES.items()}[value]
+        code = {v: k for k, v in SCALAR_TYPES.items()}[value]
         return helper.make_tensor(name, TensorProto.INT64, [], [code])
     if kind == "BoolType" and isinstance(value, int):  # a g.at int attribute (ONNX has no bool attribute)
         value = bool(value)
