@@ -5,7 +5,8 @@
 # opforge/_C, libopforge_ort.so, libopforge_aten.so) in a scratch copy of the
 # source tree (build/sanitize/src: the normal build stays untouched), then runs
 # the kernel tests, the crash-proofing regression tests, the concurrency/leak
-# tests and the fuzz suite against them. Any ASan report or UB aborts the
+# tests, the fuzz suite and the ATen runtime's hostile models and fuzz harness (the
+# full set: its slow batches included) against them. Any ASan report or UB aborts the
 # process, so it fails its test (fuzz batches name the case).
 #
 # libasan is preloaded together with libstdc++: Python is not instrumented, and
@@ -49,7 +50,8 @@ tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
   tests=(tests/test_crash_proofing.py tests/test_ort_node_checks.py tests/test_my_add_torch.py
          tests/test_my_add_onnx.py tests/test_deform_conv2d_torch.py tests/test_deform_conv2d_onnx.py
-         tests/test_aten.py tests/test_aten_policy.py tests/test_concurrency.py tests/test_fuzz.py -q -p no:cacheprovider)
+         tests/test_aten.py tests/test_aten_policy.py tests/test_aten_guards.py tests/test_aten_hostile.py
+         tests/test_aten_fuzz.py tests/test_concurrency.py tests/test_fuzz.py -q -p no:cacheprovider)
 fi
 cd "$src"
 # PYTHONPATH puts the copy's opforge ahead of the editable install of the main tree.
