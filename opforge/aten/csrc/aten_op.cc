@@ -40,6 +40,7 @@
 
 #include "opforge/ort_library.h"
 #include "aten_guards.h"
+#include "aten_policy.h"
 
 #include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
@@ -79,117 +80,7 @@ Ort::Status error(const std::string& msg, OrtErrorCode code = ORT_INVALID_ARGUME
   return Ort::Status(msg.c_str(), code);
 }
 
-// ---- which operators a model may run (see the file comment) ----------------------------
-
-// Session config keys, read at registration; must match opforge/aten/policy.py.
-constexpr const char* kAllowKey = "opforge.aten.allow";
-constexpr const char* kMaxElementsKey = "opforge.aten.max_elements";
-
-#define OPFORGE_ATEN_ALLOW(name) name,
-#define OPFORGE_ATEN_REFUSE(name, reason)
-const char* const kVettedOps[] = {
-#include "aten_policy.inc"
-};
-#undef OPFORGE_ATEN_ALLOW
-#undef OPFORGE_ATEN_REFUSE
-#define OPFORGE_ATEN_ALLOW(name)
-#define OPFORGE_ATEN_REFUSE(name, reason) {name, reason},
-const std::pair<const char*, const char*> kRefusedOps[] = {
-#include "aten_policy.inc"
-};
-#undef OPFORGE_ATEN_ALLOW
-#undef OPFORGE_ATEN_REFUSE
-
-// Default bound on the elements one node may make: 2^25, or 64 per element of its
-// inputs where that is more (a repeat or an upsample of a large input). With the budget below
-// (8 bytes an element: 256 MiB) a node's result, its copy into ORT's output and a process holding
-// torch stay under 1.5 GB.
-constexpr int64_t kMinElementBound = int64_t{1} << 25;
-constexpr int64_t kElementsPerInputElement = 64;
-// A node's memory budget (aten_guards.h): what its element bound comes to in the widest element
-// type (double, int64), for outputs and intermediates together.
-constexpr int64_t kBudgetBytesPerElement = 8;
-
-struct AtenPolicy {
-  std::unordered_set<std::string> allowed;  // names opted in by the session; "*": every op
-  int64_t max_elements = 0;                 // 0: the default bound
-
-  bool allows(const std::string& name) const {
-    static const std::unordered_set<std::string> vetted(std::begin(kVettedOps), std::end(kVettedOps));
-    return vetted.count(name) > 0 || allowed.count(name) > 0 || allowed.count("*") > 0;
-  }
-
-  static std::string refusal(const std::string& name) {
-    static const std::unordered_map<std::string, std::string> reasons(std::begin(kRefusedOps), std::end(kRefusedOps));
-    auto it = reasons.find(name);
-    const std::string why = it != reasons.end() ? it->second : "it is not in the vetted set of pure tensor operators";
-    return "ATen op aten::" + name + " is refused: " + why +
-           ". A model is data, so libopforge_aten runs only the ATen operators opforge's exporters emit and pure "
-           "tensor math. If you trust this model, allow it: opforge.ort_session(model, allow_aten={'" + name +
-           "'}), or sess_options.add_session_config_entry('" + kAllowKey + "', '" + name +
-           "') before registering libopforge_aten";
-  }
-
-  int64_t bound(int64_t input_elements) const {
-    if (max_elements > 0) return max_elements;
-    const int64_t scaled = input_elements > std::numeric_limits<int64_t>::max() / kElementsPerInputElement
-                               ? std::numeric_limits<int64_t>::max()
-                               : input_elements * kElementsPerInputElement;
-    return std::max(kMinElementBound, scaled);
-  }
-};
-
-// Arguments that say how many elements an op makes (a shape, a count, a length).
-// Lists are multiplied (a shape), except paddings, which are added; counts that
-// multiply the input (repeats, tile's dims, one_hot's classes, scale factors) are
-// taken times the input's elements.
-bool is_size_argument(const std::string& name) {
-  static const std::unordered_set<std::string> names{
-      "size", "sizes", "shape", "output_size", "minlength", "bins", "steps", "n", "m", "N", "row", "col",
-      "window_length", "length", "s", "n_fft", "win_length", "hop_length"};
-  return names.count(name) > 0;
-}
-bool is_padding_argument(const std::string& name) {
-  return name == "pad" || name == "padding" || name == "output_padding";
-}
-bool multiplies_the_input(const std::string& name) {
-  return name == "repeats" || name == "dims" || name == "num_classes" || name == "scale_factors";
-}
-
-// a * b, saturating at int64's maximum (sizes here are never negative)
-int64_t saturating_mul(int64_t a, int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  return a > std::numeric_limits<int64_t>::max() / b ? std::numeric_limits<int64_t>::max() : a * b;
-}
-int64_t saturating_add(int64_t a, int64_t b) {
-  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
-}
-int64_t saturating_from(double v) {
-  return !(v < 9.2e18) ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(std::max(v, 0.0));  // NaN: max
-}
-
-// Elements a size argument's value asks for (0 when it is not a size).
-int64_t requested_elements(const std::string& name, const c10::IValue& v, int64_t input_elements) {
-  const bool pad = is_padding_argument(name), times_input = multiplies_the_input(name);
-  if (!pad && !times_input && !is_size_argument(name)) return 0;
-  int64_t total = 0;
-  if (v.isInt()) {
-    total = std::max<int64_t>(v.toInt(), 0);
-  } else if (v.isIntList()) {
-    total = pad ? 0 : 1;
-    for (int64_t d : v.toIntVector()) {
-      const int64_t e = std::max<int64_t>(d, pad ? 0 : 1);  // -1 in a shape keeps a dim
-      total = pad ? saturating_add(total, e) : saturating_mul(total, e);
-    }
-  } else if (v.isDoubleList()) {
-    double product = 1;
-    for (double f : v.toDoubleVector()) product *= std::fabs(f);
-    return saturating_from(product * static_cast<double>(std::max<int64_t>(input_elements, 1)));
-  } else {
-    return 0;
-  }
-  return times_input ? saturating_mul(total, std::max<int64_t>(input_elements, 1)) : total;
-}
+using namespace opforge_aten;  // aten_policy.h, aten_guards.h
 
 // Registration-time policies live as long as the library (their op objects do).
 std::shared_ptr<const AtenPolicy> policy_from(Ort::UnownedSessionOptions& options, std::string* problem) {
