@@ -106,6 +106,13 @@ def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict,
             put(decode_constant(arg, consts[name]))
         else:
             return None
+    device = next((a for a in op._schema.arguments if a.name == "device"), None)
+    if device is not None and device.name not in kwargs and not any(isinstance(a, torch.device) for a in args):
+        if not device.kwarg_only:
+            return None  # a positional device after the node's last input: cannot be put on meta
+        # a factory op whose device the node leaves out (trailing defaults): on meta too, or the
+        # typing run would make the model's zeros([1 << 20, 1 << 20]) for real, in this process
+        kwargs["device"] = torch.device("meta")
     try:
         out = op(*args, **kwargs)
     except Exception:

@@ -16,6 +16,27 @@ from .sessions import (NO_TORCH_COMPARISON, OUTPUT_REFUSALS, CaseFailure, Runtim
                        equal_to_torch, judge_error, output_types, outputs_equal)
 
 
+def _fail(path: str, kind: str, detail: str) -> CaseFailure:
+    f = CaseFailure(kind, detail)
+    f.path = path
+    return f
+
+
+def _try_path(rt: Runtime, path: str, model, feeds, op: str, python_refused: bool):
+    """One path's session and two runs: (outputs of both runs, None), or (None, (error, outcome))
+    when it ended in an error judge_error accepts. A CaseFailure leaves tagged with the path."""
+    try:
+        try:
+            return rt.run_twice(rt.session(path, model), feeds), None
+        except CaseFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - judged
+            return None, (e, judge_error(e, op, path, python_refused=python_refused))
+    except CaseFailure as f:
+        f.path = path
+        raise
+
+
 def run_case(c: Case, rt: Runtime, seed, verbose=False) -> str:
     if c.variant[0] == "model":
         return run_model_case(c, rt, verbose)
@@ -35,40 +56,23 @@ def run_case(c: Case, rt: Runtime, seed, verbose=False) -> str:
     for path in c.paths:
         print(f"PATH {path}", flush=True)
         model, feeds = build_model(s, values, types, typed=(path == "b"))
-        try:
-            sess = rt.session(path, model)
-            outs = rt.run_twice(sess, feeds)
-        except CaseFailure as f:
-            f.path = path
-            raise
-        except Exception as e:  # noqa: BLE001 - judged
-            try:
-                outcome = judge_error(e, s.name, path, python_refused=not s.allowed)
-            except CaseFailure as f:
-                f.path = path
-                raise
+        outs, error = _try_path(rt, path, model, feeds, s.name, python_refused=not s.allowed)
+        if error is not None:
+            e, outcome = error
             if verbose:
                 print(f"  [{path}] error: {_short(str(e), 500)}", flush=True)
             outcomes.append(outcome)
             if compare_torch and outcome == "rejected" and not any(t in str(e) for t in OUTPUT_REFUSALS):
-                f = CaseFailure("torch-succeeds", f"ORT failed where torch succeeds: {_short(str(e))}")
-                f.path = path
-                raise f
+                raise _fail(path, "torch-succeeds", f"ORT failed where torch succeeds: {_short(str(e))}")
             continue
         if not s.allowed:
-            f = CaseFailure("not-refused", "an op outside the allow-list ran")
-            f.path = path
-            raise f
+            raise _fail(path, "not-refused", "an op outside the allow-list ran")
         if not outputs_equal(outs[0], outs[1]):
-            f = CaseFailure("uninitialised", diff_detail(outs[0], outs[1]))
-            f.path = path
-            raise f
+            raise _fail(path, "uninitialised", diff_detail(outs[0], outs[1]))
         if compare_torch:
             why = equal_to_torch(outs[0], b.result)
             if why:
-                f = CaseFailure("differs-from-torch", why)
-                f.path = path
-                raise f
+                raise _fail(path, "differs-from-torch", why)
         if verbose:
             print(f"  [{path}] result: " + ", ".join(f"{np.asarray(o).dtype}{list(np.asarray(o).shape)}"
                                                     for o in outs[0]), flush=True)
@@ -82,34 +86,18 @@ def run_model_case(c: Case, rt: Runtime, verbose=False) -> str:
     for path in c.paths:
         print(f"PATH {path}", flush=True)
         model, feeds = m.build()
-        try:
-            sess = rt.session(path, model)
-            outs = rt.run_twice(sess, feeds)
-        except CaseFailure as f:
-            f.path = path
-            raise
-        except Exception as e:  # noqa: BLE001
-            try:
-                outcomes.append(judge_error(e, m.op, path, python_refused=m.python_refuses))
-            except CaseFailure as f:
-                f.path = path
-                raise
+        outs, error = _try_path(rt, path, model, feeds, m.op, python_refused=m.python_refuses)
+        if error is not None:
             if verbose:
-                print(f"  [{path}] error: {_short(str(e), 500)}", flush=True)
+                print(f"  [{path}] error: {_short(str(error[0]), 500)}", flush=True)
+            outcomes.append(error[1])
             continue
         if not outputs_equal(outs[0], outs[1]):
-            f = CaseFailure("uninitialised", diff_detail(outs[0], outs[1]))
-            f.path = path
-            raise f
-        if m.op == "max":  # the indices of the row maxima are the only right answer
-            if not np.array_equal(outs[0][0], np.array([2, 2])):
-                f = CaseFailure("wrong-result", f"max.dim indices {outs[0][0].tolist()}, want [2, 2]")
-                f.path = path
-                raise f
-        else:
-            f = CaseFailure("no-error", "the model ran")
-            f.path = path
-            raise f
+            raise _fail(path, "uninitialised", diff_detail(outs[0], outs[1]))
+        if m.op != "max":
+            raise _fail(path, "no-error", "the model ran")
+        if not np.array_equal(outs[0][0], np.array([2, 2])):  # the indices of the row maxima: the only right answer
+            raise _fail(path, "wrong-result", f"max.dim indices {outs[0][0].tolist()}, want [2, 2]")
         outcomes.append("ok")
     return "+".join(sorted(set(outcomes)))
 
