@@ -89,6 +89,7 @@ def test_allow_aten_given_after_the_library_is_registered_is_an_error():
 
 #: (operator, overload, what the refusal says): files, uninitialised memory, storage and strides,
 #: the global RNG, packed weights read from raw bytes, unchecked sparse indices, pinned memory,
+#: backward kernels, `unsafe` flags, quantization and other ops' internal kernels (issue #43),
 #: private operators, and overloads that write into their arguments.
 DANGEROUS = [
     ("from_file", "", "reads the file the model names"),
@@ -115,6 +116,11 @@ DANGEROUS = [
     ("sparse_coo_tensor", "indices", "unchecked indices"),
     ("pin_memory", "", "page-locked"),
     ("combinations", "", "grows as n\\^r"),
+    ("max_pool2d_with_indices_backward", "", "a backward kernel: it takes another op's saved results"),
+    ("embedding_dense_backward", "", "a backward kernel"),
+    ("segment_reduce", "", "an 'unsafe' flag"),
+    ("choose_qparams_optimized", "", "a quantization internal"),
+    ("slow_conv3d", "", "an internal kernel of another op"),
     ("_local_scalar_dense", "", "not in the vetted set"),
     ("_pin_memory", "", "not in the vetted set"),
     ("add_", "Tensor", "writes into its argument 'self'"),
