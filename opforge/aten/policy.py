@@ -20,9 +20,9 @@ torch's ATen-fallback export and ``g.at(...)`` symbolics write) and every argume
 safe to take from a model file: either it is elementwise / reduction / shape math, whose memory
 libopforge_aten bounds while it runs, or its index, offset, size, count, enum and flag
 arguments are each checked (by ATen, or by libopforge_aten before the call: see
-``csrc/aten_guards.h``), with ``tests/aten_fuzz.py`` feeding every allowed operator hostile
-values for every argument. So the following are refused, first rule that matches (each with
-the reason the error gives):
+``csrc/aten_guards.h``), with ``tests/aten_fuzz.py`` feeding every allowed overload a node can
+express hostile values for every argument. So the following are refused, first rule that
+matches (each with the reason the error gives):
 
 * ``from_file``: reads the file the model names;
 * ops that draw from the global random-number generator (a ``Generator`` argument, or torch's
