@@ -192,10 +192,19 @@ struct AtenKernel {
   bool on_cuda;               // kernel of the CUDA execution provider
   std::shared_ptr<const AtenPolicy> policy;
   bool allocator_installed = opforge_aten::install_budgeted_allocator();  // see aten_guards.h
+  // What the guards need of the schema, found once here rather than on every run (aten_guards.h)
+  std::vector<std::vector<const opforge_aten::IntRange*>> int_ranges;  // per argument
+  opforge_aten::ValueCheck value_check;                                // nullptr: none
+  std::vector<size_t> running_stats;  // arguments batch_norm & co. write into although their schemas do not say
 
   AtenKernel(c10::OperatorHandle handle, std::string n, std::vector<bool> none, bool cuda,
              std::shared_ptr<const AtenPolicy> p)
-      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda), policy(std::move(p)) {}
+      : name(std::move(n)), op(std::move(handle)), is_none(std::move(none)), on_cuda(cuda), policy(std::move(p)),
+        int_ranges(opforge_aten::int_ranges_of(op.schema())), value_check(opforge_aten::value_check_for(op.schema())) {
+    const auto& args = op.schema().arguments();
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].name() == "running_mean" || args[i].name() == "running_var") running_stats.push_back(i);
+  }
 
   std::string too_large(const std::string& what, int64_t elements, int64_t bound, int64_t input_elements) const {
     return "ATen op " + name + ": " + what + " " + std::to_string(elements) + " elements, more than this node may make (" +
@@ -412,16 +421,17 @@ struct AtenKernel {
     // batch_norm / native_batch_norm / instance_norm update their running statistics in place when
     // training, although their schemas do not say they write: give them copies, never ORT's
     // (read-only, possibly shared) buffers.
+    for (size_t i : running_stats)
+      if (stack[i].isTensor()) stack[i] = stack[i].toTensor().clone();
     for (size_t i = 0; i < args.size(); ++i)
-      if ((args[i].name() == "running_mean" || args[i].name() == "running_var") && stack[i].isTensor())
-        stack[i] = stack[i].toTensor().clone();
-    for (size_t i = 0; i < args.size(); ++i)
-      if (std::string bad = opforge_aten::check_int_ranges(schema.name().substr(6), args[i], stack[i]); !bad.empty())
+      if (std::string bad = opforge_aten::check_int_ranges(args[i], stack[i], int_ranges[i]); !bad.empty())
         return error(where(args[i], i) + ": " + bad);
-    try {
-      if (std::string bad = opforge_aten::check_values(schema, stack); !bad.empty()) return error("ATen op " + name + ": " + bad);
-    } catch (const std::exception& e) {
-      return error("ATen op " + name + ": checking its arguments failed: " + first_line(e.what()));
+    if (value_check != nullptr) {
+      try {
+        if (std::string bad = value_check(schema, stack); !bad.empty()) return error("ATen op " + name + ": " + bad);
+      } catch (const std::exception& e) {
+        return error("ATen op " + name + ": checking its arguments failed: " + first_line(e.what()));
+      }
     }
     const int64_t bound = policy->bound(input_elements);
     opforge_aten::NodeBudget budget{static_cast<uint64_t>(saturating_mul(bound, kBudgetBytesPerElement))};
