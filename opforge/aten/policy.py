@@ -269,11 +269,9 @@ class MalformedAtenNode(ValueError):
     """An ``org.pytorch.aten::ATen`` node without the ``operator`` attribute that names its op."""
 
 
-def model_operators(model) -> list[str]:
-    """The ``operator`` of every ``org.pytorch.aten::ATen`` node of an ``onnx.ModelProto``: in its
-    graph, in If/Loop/Scan bodies and in model-local functions (a refused op hidden in a
-    function is still refused). Raises :class:`MalformedAtenNode` for a node that names none,
-    with the library's words."""
+def model_nodes(model):
+    """Every node of an ``onnx.ModelProto``: its graph's and its model-local functions', with the
+    bodies of If / Loop / Scan nodes."""
     def walk(nodes):
         for node in nodes:
             yield node
@@ -281,16 +279,23 @@ def model_operators(model) -> list[str]:
                 for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                     yield from walk(sub.node)
 
-    operators = []
     for nodes in [model.graph.node] + [f.node for f in model.functions]:
-        for node in walk(nodes):
-            if node.domain != "org.pytorch.aten" or node.op_type != "ATen":
-                continue
-            names = [a.s.decode() for a in node.attribute if a.name == "operator"]
-            if not names or not names[0] or names[0] == "aten::":
-                raise MalformedAtenNode(f"org.pytorch.aten::ATen node '{node.name}': it has no string attribute "
-                                        "'operator' (the ATen operator to run, e.g. \"cummax\")")
-            operators.append(names[0])
+        yield from walk(nodes)
+
+
+def model_operators(model) -> list[str]:
+    """The ``operator`` of every ``org.pytorch.aten::ATen`` node of an ``onnx.ModelProto``, wherever
+    :func:`model_nodes` finds it (a refused op hidden in a function is still refused). Raises
+    :class:`MalformedAtenNode` for a node that names none, with the library's words."""
+    operators = []
+    for node in model_nodes(model):
+        if node.domain != "org.pytorch.aten" or node.op_type != "ATen":
+            continue
+        names = [a.s.decode() for a in node.attribute if a.name == "operator"]
+        if not names or not names[0] or names[0] == "aten::":
+            raise MalformedAtenNode(f"org.pytorch.aten::ATen node '{node.name}': it has no string attribute "
+                                    "'operator' (the ATen operator to run, e.g. \"cummax\")")
+        operators.append(names[0])
     return operators
 
 

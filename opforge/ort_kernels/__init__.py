@@ -312,27 +312,14 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     return serialized, prepared
 
 
-def _model_nodes(model: onnx.ModelProto):
-    """Every node of the model: the graph's and the model-local functions', subgraphs included."""
-    yield from _nodes(model.graph.node)
-    for function in model.functions:
-        yield from _nodes(function.node)
-
-
-def _nodes(nodes):
-    for node in nodes:
-        yield node
-        for attr in node.attribute:  # If / Loop / Scan bodies
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _nodes(sub.node)
-
-
 def custom_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     """``{domain: ["domain::op", ...]}`` of the nodes ONNX Runtime needs a custom-op
     library for (local functions defined in the model excluded)."""
+    from ..aten.policy import model_nodes
+
     local = {(f.domain, f.name) for f in model.functions}
     ops: dict[str, set] = {}
-    for n in _model_nodes(model):
+    for n in model_nodes(model):
         if n.domain not in BUILTIN_DOMAINS and (n.domain, n.op_type) not in local:
             ops.setdefault(n.domain, set()).add(f"{n.domain}::{n.op_type}")
     return {d: sorted(v) for d, v in sorted(ops.items())}
