@@ -1,11 +1,15 @@
-"""The CUDA kernels' work-item bodies, run on the CPU and checked against torchvision.
+"""The CUDA kernels' work-item bodies, run on the CPU and checked against independent references.
 
 opforge's CUDA kernels are grid-stride loops over host+device bodies
-(opforge/csrc/core/deform_conv2d_gpu.h, my_add_gpu.h). tests/csrc/gpu_cores_host.cpp
-compiles those same headers with the host compiler and runs every work item in a
-loop, with the kernels' chunking and the exact GEMM geometry the ORT CUDA kernel
-hands cuBLAS. So the GPU indexing and arithmetic are verified on any machine; what
-only a GPU can check (launches, atomics, cuBLAS, streams) is in test_cuda.py.
+(opforge/csrc/core/deform_conv2d_gpu.h, my_add_gpu.h, ms_deform_attn_gpu.h).
+tests/csrc/gpu_cores_host.cpp compiles those same headers with the host compiler and
+runs every work item in a loop, in the kernels' launch order: deform_conv2d with the
+kernels' chunking and the exact GEMM geometry the ORT CUDA kernel hands cuBLAS
+(checked against torchvision), my_add (against torch), and ms_deform_attn's forward
+and backward (grad_value scattered into a zeroed buffer, then the sampling-point
+items), checked against opforge's CPU kernels and a grid_sample reference with
+autograd. So the GPU indexing and arithmetic are verified on any machine; what only
+a GPU can check (launches, atomics, cuBLAS, streams) is in test_cuda.py.
 """
 
 import ctypes
@@ -16,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 
+import opforge
 from helpers import deform_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +181,168 @@ def test_torch_cuda_algorithm_matches_torchvision(batched, kwargs, use_mask, chu
         torch.testing.assert_close(gm, leaves[3].grad, **tol)
     else:
         assert not gm.any()
+
+
+# ---- ms_deform_attn: forward and backward items vs the CPU kernels and grid_sample ----
+
+def _ms_grid_sample(value, shapes, starts, loc, attn):
+    """ms_deform_attn from torch primitives: per level, grid_sample(align_corners=False, zeros)."""
+    n, _, m, d = value.shape
+    lq, points = loc.shape[1], loc.shape[4]
+    out = value.new_zeros(n, m, d, lq)
+    for level, ((h, w), start) in enumerate(zip(shapes.tolist(), starts.tolist())):
+        maps = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(n * m, d, h, w)
+        grid = loc[:, :, :, level].permute(0, 2, 1, 3, 4).reshape(n * m, lq, points, 2) * 2 - 1
+        sampled = F.grid_sample(maps, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        weights = attn[:, :, :, level].permute(0, 2, 1, 3).reshape(n * m, 1, lq, points)
+        out = out + (sampled * weights).sum(-1).reshape(n, m, d, lq)
+    return out.permute(0, 3, 1, 2).reshape(n, lq, m * d)
+
+
+def _ms_layout(sizes):
+    shapes = torch.tensor(sizes, dtype=torch.int64)
+    areas = shapes[:, 0] * shapes[:, 1]
+    return shapes, torch.cumsum(areas, 0) - areas, int(areas.sum())
+
+
+def _ms_inputs(n, lq, m, d, sizes, p, dtype, borders, seed=0):
+    """value, spatial_shapes, level_start_index, sampling_locations, attention_weights.
+
+    Random locations spread over [-0.2, 1.2]: some points partly or wholly outside the
+    map. With `borders`, each coordinate is, at random, such a location or one on a
+    pixel border: pixel coordinate x = loc * W - 0.5 a multiple of 1/2 from -1.5 to
+    W + 0.5 (pixel centres and the edges between them, the map's edges, just outside),
+    exact in both this formula and grid_sample's for power-of-two sizes.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shapes, starts, s = _ms_layout(sizes)
+    levels = len(sizes)
+    value = torch.randn(n, s, m, d, generator=g, dtype=dtype)
+    loc = torch.rand(n, lq, m, levels, p, 2, generator=g, dtype=dtype) * 1.4 - 0.2
+    if borders:
+        wh = shapes.flip(1).to(dtype).reshape(levels, 1, 2)  # (W, H) of each level
+        half_steps = torch.floor(torch.rand(loc.shape, generator=g, dtype=dtype) * (2 * wh + 5)) - 3
+        pixel = half_steps / 2  # -1.5, -1, ..., W + 0.5
+        on_border = torch.rand(loc.shape, generator=g) < 0.7
+        loc = torch.where(on_border, (pixel + 0.5) / wh, loc)
+    attn = torch.rand(n, lq, m, levels, p, generator=g, dtype=dtype)
+    return value, shapes, starts, loc, attn
+
+
+def _ms_emulate_forward(emu, value, shapes, starts, loc, attn):
+    n, s, m, d = value.shape
+    _, lq, _, levels, p, _ = loc.shape
+    a = np.array([n, s, m, d, lq, levels, p], dtype=np.int64)
+    arrays = [t.contiguous().numpy() for t in (shapes, starts, value, loc, attn)]
+    out = np.full((n, lq, m * d), np.nan, dtype=arrays[2].dtype)
+    fn = emu.emu_ms_deform_attn_forward_f64 if value.dtype == torch.float64 else emu.emu_ms_deform_attn_forward_f32
+    return fn(_ptr(a), *map(_ptr, arrays), _ptr(out)), out
+
+
+def _ms_emulate_backward(emu, grad, value, shapes, starts, loc, attn):
+    n, s, m, d = value.shape
+    _, lq, _, levels, p, _ = loc.shape
+    a = np.array([n, s, m, d, lq, levels, p], dtype=np.int64)
+    arrays = [t.contiguous().numpy() for t in (shapes, starts, grad, value, loc, attn)]
+    outs = [np.full(t.shape, np.nan, dtype=arrays[3].dtype) for t in (value, loc, attn)]
+    fn = emu.emu_ms_deform_attn_backward_f64 if value.dtype == torch.float64 else emu.emu_ms_deform_attn_backward_f32
+    return fn(_ptr(a), *map(_ptr, arrays), *map(_ptr, outs)), outs
+
+
+MS_CASES = [
+    # (n, lq, m, d, sizes, p, borders); border cases use power-of-two sizes (see _ms_inputs)
+    (2, 4, 3, 5, ((5, 7),), 4, False),
+    (2, 5, 2, 3, ((6, 9), (3, 4), (1, 2)), 2, False),
+    (3, 3, 4, 2, ((4, 5), (2, 7), (7, 2), (1, 1)), 3, False),
+    (1, 7, 1, 1, ((3, 5), (2, 2), (7, 1)), 5, False),
+    (1, 9, 3, 2, ((8, 16),), 3, True),
+    (2, 6, 2, 3, ((4, 8), (2, 2), (1, 4), (16, 1)), 4, True),
+]
+MS_TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-4)}
+
+
+@pytest.mark.parametrize("n,lq,m,d,sizes,p,borders", MS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ms_deform_attn_forward_items_match_cpu_and_grid_sample(emu, n, lq, m, d, sizes, p, borders, dtype):
+    args = _ms_inputs(n, lq, m, d, sizes, p, dtype, borders)
+    rc, out = _ms_emulate_forward(emu, *args)
+    assert rc == 0
+    cpu = opforge.ms_deform_attn(*args)  # the CPU kernel
+    np.testing.assert_allclose(out, cpu.numpy(), **MS_TOL[dtype], err_msg="vs the CPU kernel")
+    np.testing.assert_allclose(out, _ms_grid_sample(*args).numpy(), **MS_TOL[dtype], err_msg="vs grid_sample")
+
+
+def _pixel_at_minus_one(loc, shapes):
+    """Points with a pixel coordinate (x = loc_x * W - 0.5 or y = loc_y * H - 0.5) exactly -1."""
+    wh = shapes.flip(1).to(loc.dtype).reshape(-1, 1, 2)
+    return ((loc * wh - 0.5) == -1).any(-1)
+
+
+@pytest.mark.parametrize("n,lq,m,d,sizes,p,borders", MS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ms_deform_attn_backward_items_match_cpu_and_grid_sample(emu, n, lq, m, d, sizes, p, borders, dtype):
+    value, shapes, starts, loc, attn = _ms_inputs(n, lq, m, d, sizes, p, dtype, borders)
+    grad = torch.randn(n, lq, m * d, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    rc, (gv, gloc, gattn) = _ms_emulate_backward(emu, grad, value, shapes, starts, loc, attn)
+    assert rc == 0
+    tol = MS_TOL[dtype]
+    cpu = torch.ops.opforge._ms_deform_attn_backward(grad, value, shapes, starts, loc, attn, 64)
+    for name, got, want in zip(("value", "sampling_locations", "attention_weights"), (gv, gloc, gattn), cpu):
+        np.testing.assert_allclose(got, want.numpy(), **tol, err_msg=f"grad {name} vs the CPU kernel")
+
+    leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    _ms_grid_sample(leaves[0], shapes, starts, leaves[1], leaves[2]).backward(grad)
+    np.testing.assert_allclose(gv, leaves[0].grad.numpy(), **tol, err_msg="grad value vs grid_sample")
+    np.testing.assert_allclose(gattn, leaves[2].grad.numpy(), **tol, err_msg="grad attention_weights vs grid_sample")
+    # At a pixel coordinate of exactly -1 the sample is 0 and its derivative has a kink:
+    # opforge's sampling (ms_deform_attn_sample.h, CPU and GPU alike) treats the point as
+    # outside and gives it zero gradient (the derivative from the left), grid_sample
+    # floors to corners -1 and 0 and gives the derivative from the right. Those points
+    # are checked against the CPU kernel (above) and the op's rule (here) only.
+    kink = _pixel_at_minus_one(loc, shapes)
+    assert kink.any() == borders  # the border cases do reach it
+    want = leaves[1].grad.clone()
+    want[kink] = 0
+    np.testing.assert_allclose(gloc, want.numpy(), **tol, err_msg="grad sampling_locations vs grid_sample")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ms_deform_attn_items_on_non_finite_inputs_match_cpu(emu, dtype):
+    """NaN / inf locations sample nothing; a non-finite weight of such a point makes
+    the forward NaN (aw * 0) but not its gradients: the GPU items agree with the CPU."""
+    value, shapes, starts, loc, attn = _ms_inputs(2, 4, 2, 3, ((4, 5), (2, 3)), 2, dtype, False)
+    inf, nan = float("inf"), float("nan")
+    loc[0, 1, 0, 0, 0] = torch.tensor([nan, 0.5])
+    loc[1, 2, 1, 1, 1] = torch.tensor([0.5, inf])
+    loc[0, 3, 1, 1, 0] = torch.tensor([-inf, nan])
+    loc[1, 0, 0, 0, 1] = torch.tensor([1e30, -1e30])
+    attn[1, 2, 1, 1, 1] = nan
+    attn[1, 0, 0, 0, 1] = inf
+    rc, out = _ms_emulate_forward(emu, value, shapes, starts, loc, attn)
+    assert rc == 0
+    cpu = opforge.ms_deform_attn(value, shapes, starts, loc, attn).numpy()
+    assert np.isnan(cpu).any() and np.isfinite(cpu).any()
+    np.testing.assert_allclose(out, cpu, **MS_TOL[dtype], equal_nan=True)
+    grad = torch.randn(2, 4, 6, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    rc, got = _ms_emulate_backward(emu, grad, value, shapes, starts, loc, attn)
+    assert rc == 0
+    for name, g, want in zip(("value", "sampling_locations", "attention_weights"), got,
+                             torch.ops.opforge._ms_deform_attn_backward(grad, value, shapes, starts, loc, attn, 64)):
+        assert np.isfinite(g).all(), f"grad {name}"
+        np.testing.assert_allclose(g, want.numpy(), **MS_TOL[dtype], err_msg=f"grad {name}")
+
+
+@pytest.mark.parametrize("fault", ["start", "sum", "zero size"])
+def test_ms_deform_attn_items_refuse_bad_level_geometry(emu, fault):
+    value, shapes, starts, loc, attn = _ms_inputs(1, 2, 1, 2, ((3, 4), (2, 2)), 2, torch.float64, False)
+    if fault == "start":
+        starts = torch.tensor([0, 11])
+    elif fault == "sum":
+        value = value[:, :-1]
+    else:
+        shapes = torch.tensor([[3, 4], [0, 2]])
+    rc, out = _ms_emulate_forward(emu, value.contiguous(), shapes, starts, loc, attn)
+    assert rc != 0 and np.isnan(out).all()
+    grad = torch.zeros(1, 2, 2, dtype=torch.float64)
+    rc, outs = _ms_emulate_backward(emu, grad, value.contiguous(), shapes, starts, loc, attn)
+    assert rc != 0 and all(np.isnan(o).all() for o in outs)

@@ -1,18 +1,24 @@
 // Host emulation of opforge's CUDA kernels, for tests/test_gpu_cores_emulated.py.
 //
 // The CUDA kernels are grid-stride loops over work-item bodies that live in
-// host+device headers (core/deform_conv2d_gpu.h, core/my_add_gpu.h). Compiled
-// here by g++, the same bodies run item by item (atomics become plain adds),
-// with the same chunking and the same GEMM geometry (core::deform_forward_gemm,
-// what the ORT CUDA kernel hands cuBLAS) evaluated by a naive column-major
-// GEMM, so the GPU code's indexing and arithmetic are tested against
-// torchvision on machines without a GPU. Not part of the package.
+// host+device headers (core/deform_conv2d_gpu.h, core/my_add_gpu.h,
+// core/ms_deform_attn_gpu.h). Compiled here by g++, the same bodies run item by
+// item (atomics become plain adds), in the kernels' launch order: for
+// deform_conv2d with the same chunking and the same GEMM geometry
+// (core::deform_forward_gemm, what the ORT CUDA kernel hands cuBLAS) evaluated
+// by a naive column-major GEMM; for ms_deform_attn the forward pass, and the
+// backward's grad_value pass (into a zeroed buffer of the accumulation type)
+// followed by its sampling-point pass. So the GPU code's indexing and
+// arithmetic are tested against torchvision / grid_sample and the CPU kernels
+// on machines without a GPU. Not part of the package.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/deform_conv2d.h"
 #include "core/deform_conv2d_gpu.h"
+#include "core/ms_deform_attn.h"
+#include "core/ms_deform_attn_gpu.h"
 #include "core/my_add_gpu.h"
 
 using namespace opforge::core;
@@ -117,6 +123,49 @@ int my_add(int n, const int64_t* out_shape, const int64_t* strides_a, const int6
   return 0;
 }
 
+// a: [N, S, M, D, Lq, L, P]. The op's shape rule and level rule, as the CUDA
+// front ends apply them before launching: the items index through
+// spatial_shapes / level_start_index, so they only run on accepted geometry.
+bool make_ms_params(const int64_t* a, const int64_t* spatial_shapes, const int64_t* level_start_index,
+                    MsDeformAttnParams& p) {
+  const int64_t value[4] = {a[0], a[1], a[2], a[3]};
+  const int64_t shapes[2] = {a[5], 2};
+  const int64_t starts[1] = {a[5]};
+  const int64_t loc[6] = {a[0], a[4], a[2], a[5], a[6], 2};
+  const int64_t attn[5] = {a[0], a[4], a[2], a[5], a[6]};
+  return ms_deform_attn_check(value, 4, shapes, 2, starts, 1, loc, 6, attn, 5, 1, p).empty() &&
+         ms_deform_attn_check_levels(p, spatial_shapes, level_start_index).empty();
+}
+
+// launch_ms_deform_attn_forward: one pass over the channel items.
+template <typename T, typename A>
+int ms_forward(const int64_t* a, const int64_t* shapes, const int64_t* starts, const T* value, const T* loc,
+               const T* attn, T* out) {
+  MsDeformAttnParams p;
+  if (!make_ms_params(a, shapes, starts, p)) return 1;
+  for (int64_t i = 0; i < ms_deform_attn_channel_items(p); ++i)
+    ms_deform_attn_forward_item<T, A>(p, i, value, shapes, starts, loc, attn, out);
+  return 0;
+}
+
+// launch_ms_deform_attn_backward: the grad_value items scatter into a buffer of
+// the accumulation type that the front end zeroed, then the point items write
+// the location and weight gradients; the front end rounds the buffer to T
+// (a plain copy when A is T), done here last so every output element is written.
+template <typename T, typename A>
+int ms_backward(const int64_t* a, const int64_t* shapes, const int64_t* starts, const T* grad_output, const T* value,
+                const T* loc, const T* attn, T* grad_value, T* grad_loc, T* grad_attn) {
+  MsDeformAttnParams p;
+  if (!make_ms_params(a, shapes, starts, p)) return 1;
+  std::vector<A> acc(p.batch * p.value_len * p.value_row(), A(0));
+  for (int64_t i = 0; i < ms_deform_attn_channel_items(p); ++i)
+    ms_deform_attn_grad_value_item<T, A>(p, i, grad_output, shapes, starts, loc, attn, acc.data());
+  for (int64_t i = 0; i < ms_deform_attn_point_items(p); ++i)
+    ms_deform_attn_grad_point_item<T, A>(p, i, grad_output, value, shapes, starts, loc, attn, grad_loc, grad_attn);
+  for (size_t j = 0; j < acc.size(); ++j) grad_value[j] = ScalarIO<T, A>::store(acc[j]);
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -139,5 +188,25 @@ int emu_my_add_f32(int n, const int64_t* shape, const int64_t* sa, const int64_t
 int emu_my_add_f64(int n, const int64_t* shape, const int64_t* sa, const int64_t* sb, const double* x,
                    const double* y, double* out) {
   return my_add(n, shape, sa, sb, x, y, out);
+}
+// ms_deform_attn: a = [N, S, M, D, Lq, L, P]; shapes [L, 2] and starts [L] as
+// the op takes them; the accumulation type is acc<T> of cuda/scalar.cuh (T itself).
+int emu_ms_deform_attn_forward_f32(const int64_t* a, const int64_t* shapes, const int64_t* starts, const float* v,
+                                   const float* loc, const float* attn, float* out) {
+  return ms_forward<float, float>(a, shapes, starts, v, loc, attn, out);
+}
+int emu_ms_deform_attn_forward_f64(const int64_t* a, const int64_t* shapes, const int64_t* starts, const double* v,
+                                   const double* loc, const double* attn, double* out) {
+  return ms_forward<double, double>(a, shapes, starts, v, loc, attn, out);
+}
+int emu_ms_deform_attn_backward_f32(const int64_t* a, const int64_t* shapes, const int64_t* starts, const float* g,
+                                    const float* v, const float* loc, const float* attn, float* gv, float* gloc,
+                                    float* gattn) {
+  return ms_backward<float, float>(a, shapes, starts, g, v, loc, attn, gv, gloc, gattn);
+}
+int emu_ms_deform_attn_backward_f64(const int64_t* a, const int64_t* shapes, const int64_t* starts, const double* g,
+                                    const double* v, const double* loc, const double* attn, double* gv,
+                                    double* gloc, double* gattn) {
+  return ms_backward<double, double>(a, shapes, starts, g, v, loc, attn, gv, gloc, gattn);
 }
 }
