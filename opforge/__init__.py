@@ -14,7 +14,9 @@ exists. :mod:`opforge.build` builds a package's own kernels;
 from . import aten, ops, spec, symbolics
 from .aten import AtenOpRefused, Diagnosis, ExportError, diagnose
 from .export import export
-from .ops import MSDeformAttn, MultiScaleDeformableAttnFunction, MyAdd, MyAddFunction, deform_conv2d, ms_deform_attn, my_add
+from .ops import (MSDeformAttn, MultiScaleDeformableAttnFunction, MyAdd, MyAddFunction, RoIAlignRotated,
+                  RoIAlignRotatedFunction, batched_nms_rotated, deform_conv2d, ms_deform_attn, my_add, nms_rotated,
+                  roi_align_rotated)
 from .ort_kernels import (
     MissingOpforgeKernels,
     MissingOrtKernels,
@@ -60,6 +62,8 @@ __all__ = [
     "MissingOrtLibrary",
     "MyAdd",
     "MyAddFunction",
+    "RoIAlignRotated",
+    "RoIAlignRotatedFunction",
     "OpInputError",
     "OpRegistrationError",
     "OpSpec",
@@ -69,6 +73,7 @@ __all__ = [
     "TorchvisionPatch",
     "aten",
     "aten_library_path",
+    "batched_nms_rotated",
     "check_library",
     "check_same_device",
     "deform_conv2d",
@@ -76,6 +81,8 @@ __all__ = [
     "export",
     "my_add",
     "ms_deform_attn",
+    "nms_rotated",
+    "roi_align_rotated",
     "MSDeformAttn",
     "MultiScaleDeformableAttnFunction",
     "ops",

@@ -58,13 +58,17 @@ class TensorArg:
 
     An output is declared the same way in ``OpSpec.outputs`` when its type is not the op's own:
     ``TensorArg("indices", dtypes=("int64",))``. It shares the type variable of the inputs that
-    declare the same ``dtypes`` (and takes their type), or gets its own."""
+    declare the same ``dtypes`` (and takes their type), or gets its own.
+
+    ``differentiable=False``: a float input the op has no gradient for (roi_align_rotated's rois):
+    its backward returns None there, and check_op's gradcheck and opcheck leave it out."""
 
     name: str
     onnx_name: Optional[str] = None
     doc: str = ""
     optional: bool = False
     dtypes: Optional[tuple[str, ...]] = None
+    differentiable: bool = True
 
     def __post_init__(self) -> None:
         if self.onnx_name is None:

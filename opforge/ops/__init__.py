@@ -14,6 +14,9 @@ from ._registry import _C  # noqa: F401
 from .deform_conv2d import DEFORM_CONV2D, deform_conv2d
 from .ms_deform_attn import MS_DEFORM_ATTN, MSDeformAttn, MultiScaleDeformableAttnFunction, ms_deform_attn
 from .my_add import MY_ADD, MyAdd, MyAddFunction, my_add
+from .nms_rotated import BATCHED_NMS_ROTATED, NMS_ROTATED, batched_nms_rotated, nms_rotated
+from .roi_align_rotated import (ROI_ALIGN_ROTATED, RoIAlignRotated, RoIAlignRotatedFunction,
+                                roi_align_rotated)
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_"):
@@ -31,4 +34,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFORM_CONV2D", "DeformConv2d", "deform_conv2d", "MY_ADD", "MyAdd", "MyAddFunction", "my_add",
-           "MS_DEFORM_ATTN", "MSDeformAttn", "MultiScaleDeformableAttnFunction", "ms_deform_attn"]
+           "MS_DEFORM_ATTN", "MSDeformAttn", "MultiScaleDeformableAttnFunction", "ms_deform_attn",
+           "NMS_ROTATED", "BATCHED_NMS_ROTATED", "nms_rotated", "batched_nms_rotated",
+           "ROI_ALIGN_ROTATED", "RoIAlignRotated", "RoIAlignRotatedFunction", "roi_align_rotated"]

@@ -29,14 +29,19 @@ def _check_opcheck(spec, op, samples, dtypes, **_):
         for dtype in run_dtypes:
             values = _cast(sample.args, dtype, spec)
             if spec.differentiable:
-                for v in values:
-                    if _is_float(v):
-                        v.requires_grad_(True)
+                for k in _differentiable_positions(spec, values):
+                    values[k].requires_grad_(True)
             try:
                 torch.library.opcheck(op, tuple(values), test_utils=test_utils)
             except Exception as exc:
                 raise AssertionError(f"{_where('opcheck', spec, sample, i, dtype)}: torch.library.opcheck failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
+
+
+def _differentiable_positions(spec, values) -> list:
+    """Positions of the float tensors the op has a gradient for (TensorArg.differentiable)."""
+    return [k for k, (arg, v) in enumerate(zip(spec.args, values))
+            if _is_float(v) and getattr(arg, "differentiable", True)]
 
 
 def _not_differentiable_backward(exc: BaseException) -> bool:
@@ -63,7 +68,7 @@ def _says_no_double_backward(exc: BaseException) -> bool:
 def _check_gradcheck(spec, op, samples, gradgrad=True, **_):
     for i, sample in enumerate(samples):
         values = _cast(sample.args, torch.float64, spec)
-        positions = [k for k, v in enumerate(values) if _is_float(v)]
+        positions = _differentiable_positions(spec, values)
         inputs = tuple(values[k].requires_grad_(True) for k in positions)
         if not inputs:
             continue

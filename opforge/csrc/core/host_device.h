@@ -19,10 +19,16 @@
 namespace opforge {
 namespace core {
 
-// floor for float/double on host and device, without <cmath>'s std:: overloads
+// floor, ceil, cos and sin for float/double on host and device, without <cmath>'s std:: overloads
 // (not all of which are __device__).
 OPFORGE_HD_INLINE float floor_hd(float x) { return ::floorf(x); }
 OPFORGE_HD_INLINE double floor_hd(double x) { return ::floor(x); }
+OPFORGE_HD_INLINE float ceil_hd(float x) { return ::ceilf(x); }
+OPFORGE_HD_INLINE double ceil_hd(double x) { return ::ceil(x); }
+OPFORGE_HD_INLINE float cos_hd(float x) { return ::cosf(x); }
+OPFORGE_HD_INLINE double cos_hd(double x) { return ::cos(x); }
+OPFORGE_HD_INLINE float sin_hd(float x) { return ::sinf(x); }
+OPFORGE_HD_INLINE double sin_hd(double x) { return ::sin(x); }
 
 // Storage <-> accumulation conversions for code shared by CPU and GPU: plain
 // casts here; cuda/scalar.cuh specialises them for __half / __nv_bfloat16

@@ -11,6 +11,8 @@
 #include "core/broadcast.h"
 #include "core/deform_conv2d_tap.h"
 #include "core/ms_deform_attn_sample.h"
+#include "core/nms_rotated.h"
+#include "core/roi_align_rotated_sample.h"
 
 namespace opforge {
 namespace ort {
@@ -43,6 +45,25 @@ Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::
                                   const std::vector<int64_t>& sampling_locations,
                                   const std::vector<int64_t>& attention_weights, int64_t im2col_step,
                                   core::MsDeformAttnParams& p);
+
+// roi_align_rotated's node attributes (the torch schema's scalar arguments),
+// checked at kernel creation, and their check with the input shapes
+// (core::roi_align_rotated_check).
+struct RoiAlignRotatedAttrs {
+  int64_t output_height, output_width, sampling_ratio;
+  float spatial_scale;
+  bool aligned, clockwise;
+  explicit RoiAlignRotatedAttrs(const OrtKernelInfo* info);
+  Ort::Status check(const std::vector<int64_t>& input, const std::vector<int64_t>& rois,
+                    core::RoiAlignRotatedParams& p) const;
+};
+
+// nms_rotated's / batched_nms_rotated's node check at kernel creation (inputs,
+// one output, the iou_threshold attribute); returns iou_threshold.
+float check_nms_rotated_node(const OrtKernelInfo* info, bool batched);
+// Their input shapes checked by core::nms_rotated_check; labels null unless batched.
+Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
+                               const std::vector<int64_t>* labels, float iou_threshold, core::NmsRotatedParams& p);
 
 }  // namespace ort
 }  // namespace opforge

@@ -9,6 +9,8 @@
 #include "launch.h"
 #include "ms_deform_attn.cuh"
 #include "my_add.cuh"
+#include "nms_rotated.cuh"
+#include "roi_align_rotated.cuh"
 
 namespace opforge {
 namespace core {
@@ -94,6 +96,34 @@ cudaError_t ms_deform_attn_backward(Dtype dtype, const MsDeformAttnParams& p, co
         static_cast<A*>(grad_value), static_cast<T*>(grad_sampling_locations),
         static_cast<T*>(grad_attention_weights), stream);
   });
+}
+
+cudaError_t roi_align_rotated_forward(Dtype dtype, const RoiAlignRotatedParams& p, const void* input,
+                                      const void* rois, void* out, cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return launch_roi_align_rotated_forward<T>(p, static_cast<const T*>(input), static_cast<const T*>(rois),
+                                               static_cast<T*>(out), stream);
+  });
+}
+
+cudaError_t roi_align_rotated_backward(Dtype dtype, const RoiAlignRotatedParams& p, const void* grad_output,
+                                       const void* rois, void* grad_input, cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename acc<T>::type;
+    return launch_roi_align_rotated_backward<T>(p, static_cast<const T*>(grad_output), static_cast<const T*>(rois),
+                                                static_cast<A*>(grad_input), stream);
+  });
+}
+
+cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const RotatedBoxGeometry* geometry,
+                             const int64_t* labels, double iou_threshold, uint64_t* mask, cudaStream_t stream) {
+  const int64_t words = (n + 63) / 64, items = rows * words;
+  if (items == 0) return cudaSuccess;
+  nms_rotated_mask_kernel<<<grid_for(items), kThreads, 0, stream>>>(n, words, row_begin, items, geometry, labels,
+                                                                    iou_threshold, mask);
+  return cudaGetLastError();
 }
 
 }  // namespace cuda

@@ -13,6 +13,8 @@
 #include "../broadcast.h"
 #include "../deform_conv2d_tap.h"
 #include "../ms_deform_attn_sample.h"
+#include "../roi_align_rotated_sample.h"
+#include "../rotated_box_iou.h"
 
 namespace opforge {
 namespace core {
@@ -56,6 +58,23 @@ cudaError_t ms_deform_attn_backward(Dtype dtype, const MsDeformAttnParams& p, co
                                     const int64_t* level_start_index, const void* sampling_locations,
                                     const void* attention_weights, void* grad_value, void* grad_sampling_locations,
                                     void* grad_attention_weights, cudaStream_t stream);
+
+// Rotated RoI Align, output [K, C, ph, pw] (dtype) from input [N, C, H, W] and
+// rois [K, 6] whose host copies passed roi_align_rotated_check_rois.
+cudaError_t roi_align_rotated_forward(Dtype dtype, const RoiAlignRotatedParams& p, const void* input,
+                                      const void* rois, void* out, cudaStream_t stream);
+
+// Its backward: accumulates grad_input ([N, C, H, W], float32 for 16-bit dtypes,
+// else dtype; must start zeroed).
+cudaError_t roi_align_rotated_backward(Dtype dtype, const RoiAlignRotatedParams& p, const void* grad_output,
+                                       const void* rois, void* grad_input, cudaStream_t stream);
+
+// Rows [row_begin, row_begin + rows) of rotated NMS's suppression mask
+// (core/nms_rotated_gpu.h): mask is rows * nms_rotated_words(n) words;
+// geometry (n boxes in visiting order) and labels (null unless batched) are
+// device pointers.
+cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const RotatedBoxGeometry* geometry,
+                             const int64_t* labels, double iou_threshold, uint64_t* mask, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace core

@@ -1,0 +1,112 @@
+// ORT kernels of opforge::nms_rotated (inputs boxes, scores) and
+// opforge::batched_nms_rotated (inputs boxes, scores, idxs) in domain
+// "opforge", version 1: float attribute iou_threshold, one int64 output
+// "keep" of data-dependent length — the torch schemas one to one. Same core
+// as the torch extension (core/nms_rotated.h), the later-box tests of each
+// kept box parallel on ORT's intra-op pool. Boxes and scores of the 16-bit
+// types are widened to float32 (exactly); the IoU is float64 for every type.
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "core/nms_rotated.h"
+#include "ort_common.h"
+
+namespace opforge {
+namespace ort {
+
+float check_nms_rotated_node(const OrtKernelInfo* info, bool batched) {
+  const std::string op = core::nms_rotated_op_name(batched);
+  if (batched)
+    check_node_arity(info, op.c_str(), {"boxes", "scores", "idxs"});
+  else
+    check_node_arity(info, op.c_str(), {"boxes", "scores"});
+  const float iou_threshold = node_attribute<float>(info, op.c_str(), "iou_threshold");
+  if (std::string err = core::nms_rotated_check_threshold(batched, iou_threshold); !err.empty()) node_error(err);
+  return iou_threshold;
+}
+
+Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
+                               const std::vector<int64_t>* labels, float iou_threshold, core::NmsRotatedParams& p) {
+  const std::string err = core::nms_rotated_check(
+      boxes.data(), static_cast<int>(boxes.size()), scores.data(), static_cast<int>(scores.size()),
+      labels ? labels->data() : nullptr, labels ? static_cast<int>(labels->size()) : -1, iou_threshold, p);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+}
+
+namespace {
+
+// The plan from host data of storage type T (16-bit widened to float32).
+template <typename T>
+std::string host_plan(const core::NmsRotatedParams& p, const T* boxes, const T* scores, const int64_t* labels,
+                      core::NmsRotatedPlan& plan) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return core::nms_rotated_prepare<T>(p, boxes, scores, labels, plan);
+  } else {
+    const auto* b = core_ptr(boxes);
+    const auto* s = core_ptr(scores);
+    std::vector<float> wide_boxes(static_cast<size_t>(5 * p.boxes)), wide_scores(static_cast<size_t>(p.boxes));
+    for (size_t i = 0; i < wide_boxes.size(); ++i) wide_boxes[i] = core::load(b[i]);
+    for (size_t i = 0; i < wide_scores.size(); ++i) wide_scores[i] = core::load(s[i]);
+    return core::nms_rotated_prepare<float>(p, wide_boxes.data(), wide_scores.data(), labels, plan);
+  }
+}
+
+template <typename T>
+Ort::Status nms_compute(OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
+                        const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
+                        Ort::Custom::Tensor<int64_t>& keep_out) {
+  core::NmsRotatedParams p;
+  const std::vector<int64_t> label_shape = labels ? labels->Shape() : std::vector<int64_t>{};
+  if (Ort::Status bad = nms_rotated_shapes(boxes.Shape(), scores.Shape(), labels ? &label_shape : nullptr,
+                                           iou_threshold, p);
+      !bad.IsOK())
+    return bad;
+  core::NmsRotatedPlan plan;
+  if (std::string err = host_plan<T>(p, boxes.Data(), scores.Data(), labels ? labels->Data() : nullptr, plan);
+      !err.empty())
+    return invalid_argument(err);
+  const auto parallel = [ctx](int64_t total, int64_t grain, const auto& body) {
+    parallel_for(ctx, total, grain, body);
+  };
+  const std::vector<int64_t> keep = core::nms_rotated_suppress(p, plan, parallel);
+  int64_t* out = keep_out.Allocate({static_cast<int64_t>(keep.size())});
+  std::copy(keep.begin(), keep.end(), out);
+  return Ort::Status(nullptr);
+}
+
+template <typename T>
+struct NmsRotatedKernel {
+  float iou_threshold;
+  NmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      Ort::Custom::Tensor<int64_t>& keep) {
+    return nms_compute<T>(ctx, iou_threshold, boxes, scores, nullptr, keep);
+  }
+};
+
+template <typename T>
+struct BatchedNmsRotatedKernel {
+  float iou_threshold;
+  BatchedNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
+      : iou_threshold(check_nms_rotated_node(info, true)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
+    return nms_compute<T>(ctx, iou_threshold, boxes, scores, &idxs, keep);
+  }
+};
+
+}  // namespace
+
+static void append_nms_rotated_ops(std::vector<LiteOpPtr>& ops) {
+  for_each_float_type([&](auto tag) {
+    using T = decltype(tag);
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsRotatedKernel<T>>("nms_rotated", kCpuEp));
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T>>("batched_nms_rotated", kCpuEp));
+  });
+}
+
+}  // namespace ort
+}  // namespace opforge
+
+OPFORGE_ORT_KERNELS(opforge::ort::append_nms_rotated_ops);
