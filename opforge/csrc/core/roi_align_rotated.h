@@ -152,18 +152,13 @@ OPFORGE_ALWAYS_INLINE void roi_align_rotated_blend4(const T* __restrict a0, cons
   for (int64_t c = 0; c < n; ++c) acc[c] += w0 * a0[c] + w1 * a1[c] + w2 * a2[c] + w3 * a3[c];
 }
 
-// g0..g3[0:n] += w_k * g (four taps' gradient rows).
+// row[0:n] += w * g (one tap's gradient row). The four taps of a point can be
+// the same row (clamped at the map's last row or column), so each tap is its
+// own pass: one loop writing four possibly-equal rows could not promise the
+// compiler they are distinct.
 template <typename T>
-OPFORGE_ALWAYS_INLINE void roi_align_rotated_scatter4(const T* __restrict g, T w0, T w1, T w2, T w3,
-                                                      T* __restrict g0, T* __restrict g1, T* __restrict g2,
-                                                      T* __restrict g3, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) {
-    const T v = g[c];
-    g0[c] += w0 * v;
-    g1[c] += w1 * v;
-    g2[c] += w2 * v;
-    g3[c] += w3 * v;
-  }
+OPFORGE_ALWAYS_INLINE void roi_align_rotated_axpy(const T* __restrict g, T w, T* __restrict row, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) row[c] += w * g[c];
 }
 
 // Rois [begin, end): out[k, c, ph, pw] for all c, ph, pw. input_nhwc is the
@@ -211,8 +206,7 @@ OPFORGE_ALWAYS_INLINE void roi_align_rotated_backward_impl(const RoiAlignRotated
           for (int64_t ix = 0; ix < r.grid_w; ++ix) {
             const RoiSample<T> s = rotated_roi_sample<T>(r, p.height, p.width, ph, pw, iy, ix);
             if (!s.valid) continue;
-            roi_align_rotated_scatter4(g, s.w[0], s.w[1], s.w[2], s.w[3], image + s.pos[0] * C,
-                                       image + s.pos[1] * C, image + s.pos[2] * C, image + s.pos[3] * C, n);
+            for (int t = 0; t < 4; ++t) roi_align_rotated_axpy(g, s.w[t], image + s.pos[t] * C, n);
           }
       }
   }
