@@ -1,15 +1,24 @@
 """The CUDA kernels' work-item bodies, run on the CPU and checked against independent references.
 
 opforge's CUDA kernels are grid-stride loops over host+device bodies
-(opforge/csrc/core/deform_conv2d_gpu.h, my_add_gpu.h, ms_deform_attn_gpu.h).
-tests/csrc/gpu_cores_host.cpp compiles those same headers with the host compiler and
-runs every work item in a loop, in the kernels' launch order: deform_conv2d with the
-kernels' chunking and the exact GEMM geometry the ORT CUDA kernel hands cuBLAS
-(checked against torchvision), my_add (against torch), and ms_deform_attn's forward
-and backward (grad_value scattered into a zeroed buffer, then the sampling-point
-items), checked against opforge's CPU kernels and a grid_sample reference with
-autograd. So the GPU indexing and arithmetic are verified on any machine; what only
-a GPU can check (launches, atomics, cuBLAS, streams) is in test_cuda.py.
+(opforge/csrc/core/deform_conv2d_gpu.h, my_add_gpu.h, ms_deform_attn_gpu.h,
+roi_align_rotated_gpu.h, nms_rotated_gpu.h). tests/csrc/gpu_cores_host.cpp compiles
+those same headers with the host compiler and runs every work item in a loop, in the
+kernels' launch order: deform_conv2d with the kernels' chunking and the exact GEMM
+geometry the ORT CUDA kernel hands cuBLAS (checked against torchvision), my_add
+(against torch), ms_deform_attn's forward and backward (grad_value scattered into a
+zeroed buffer, then the sampling-point items), checked against opforge's CPU kernels
+and a grid_sample reference with autograd; roi_align_rotated's forward and backward
+(the front end's shape and rois checks first, the gradient scattered into a zeroed
+buffer), checked against the CPU kernels and the numpy reference (its transpose for
+the backward) over rotated, clockwise, legacy-clamped, outside, edge-touching and
+one-pixel-wide geometries; nms_rotated / batched_nms_rotated as the CUDA front end
+runs them (host plan, suppression-mask items in row chunks forced as small as one
+row, the host's greedy reduction per chunk), checked against the CPU kernels and
+the numpy greedy reference; and the exact rotated-box IoU the mask items use,
+against the reference and rectangle overlaps computed by hand. So the GPU indexing
+and arithmetic are verified on any machine; what only a GPU can check (launches,
+atomics, cuBLAS, streams) is in test_cuda.py.
 """
 
 import ctypes
@@ -39,7 +48,12 @@ def emu(tmp_path_factory):
          str(ROOT / "tests" / "csrc" / "gpu_cores_host.cpp"), "-o", str(lib)],
         check=True,
     )
-    return ctypes.CDLL(str(lib))
+    emu = ctypes.CDLL(str(lib))
+    emu.emu_last_error.restype = ctypes.c_char_p
+    emu.emu_nms_rotated_chunk_rows.restype = ctypes.c_int64
+    emu.emu_nms_rotated_chunk_rows.argtypes = [ctypes.c_int64]
+    emu.emu_rotated_box_iou.restype = None
+    return emu
 
 
 def _ptr(a: np.ndarray):
@@ -346,3 +360,375 @@ def test_ms_deform_attn_items_refuse_bad_level_geometry(emu, fault):
     grad = torch.zeros(1, 2, 2, dtype=torch.float64)
     rc, outs = _ms_emulate_backward(emu, grad, value.contiguous(), shapes, starts, loc, attn)
     assert rc != 0 and all(np.isnan(o).all() for o in outs)
+
+
+# ---- roi_align_rotated: forward and backward items vs the CPU kernels and the numpy reference ----
+
+def _roi_edge(n, h, w, aligned):
+    """Rois whose sampling points reach the last row and column (past H - 1, W - 1 the taps clamp to
+    it and coincide; exactly H, W is still inside) and the first (exactly -1: inside, clamped to 0).
+    Angle 0 and dyadic values: exact arithmetic in every dtype and in the reference."""
+    off = 0.5 if aligned else 0.0  # aligned moves the centre by -0.5: the same pixel centres both ways
+    return [
+        [0, w - 0.5 + off, h / 2 + off, 2.0, 2.0, 0.0],          # columns W - 1.5 .. W + 0.5
+        [n - 1, w / 2 + off, h - 0.5 + off, 3.0, 2.0, 0.0],      # rows H - 1.5 .. H + 0.5
+        [n - 1, w - 0.5 + off, h - 0.5 + off, 2.0, 2.0, 0.0],    # the corner
+        [0, -0.5 + off, -0.5 + off, 2.0, 2.0, 0.0],              # -1.5 .. 0.5 on both axes
+        [n - 1, w - 1.0 + off, h - 1.0 + off, 3.0, 3.0, 1e-3],   # over the corner, turned a little
+    ]
+
+
+def _roi_geometry(name, aligned):
+    """(N, C, H, W, output_size, spatial_scale, rois)."""
+    pi = np.pi
+    if name == "mixed":  # in input units at spatial_scale 0.5
+        rois = [[0, 8.0, 6.0, 10.0, 6.0, 0.0], [1, 6.6, 8.2, 8.4, 5.0, pi / 2], [1, 10.0, 4.0, 12.0, 8.0, -0.7],
+                [0, 5.0, 7.0, 6.0, 10.0, 100.0], [1, 9.0, 9.0, 7.0, 3.0, -pi], [0, 7.3, 5.1, 4.4, 9.8, 2.3]]
+        return 2, 3, 7, 9, (3, 2), 0.5, rois
+    if name == "outside":
+        rois = [[0, -20.0, -20.0, 4.0, 4.0, 0.3],       # wholly outside: zeros
+                [1, 9.5, 3.5, 6.0, 3.0, 0.2],           # half past the right edge
+                [1, 4.5, -0.5, 5.0, 4.0, -1.2],         # half above the top
+                [0, 4.5, 3.5, 27.0, 21.0, 1.0]]         # the map inside a larger roi
+        return 2, 2, 7, 9, (2, 3), 1.0, rois
+    if name == "edge":
+        return 2, 2, 5, 6, (2, 2), 1.0, _roi_edge(2, 5, 6, aligned)
+    if name == "tiny":  # the legacy clamp (not aligned: at least 1 x 1), a 0-point grid (aligned, adaptive)
+        rois = [[0, 2.0, 2.0, 0.3, 0.0, 0.4], [0, 3.2, 1.7, 0.0, 0.0, 0.0], [0, 1.5, 2.5, 0.7, 0.2, -2.0]]
+        if not aligned:
+            rois.append([0, 2.5, 2.5, -3.0, 0.5, 0.1])  # a negative size, clamped to 1
+        return 1, 3, 4, 5, (2, 2), 1.0, rois
+    if name == "row":  # 1 x W
+        # (turned rois keep their points off the map's border: there float32's cos(pi / 2) = -4e-8
+        # and float64's 6e-17 put a point on either side of it, a jump in the value)
+        rois = [[0, 4.0, 0.5, 6.0, 2.0, 0.0], [0, 3.0, 0.5, 5.0, 3.0, 0.6], [0, 6.5, 0.0, 2.6, 1.0, pi / 2]]
+        return 1, 2, 1, 8, (2, 3), 1.0, rois
+    if name == "column":  # H x 1
+        rois = [[1, 0.5, 3.0, 2.0, 5.0, 0.0], [0, 0.5, 2.0, 3.0, 4.0, -0.6], [1, 0.0, 5.5, 1.0, 2.6, -pi / 2]]
+        return 2, 2, 6, 1, (3, 2), 1.0, rois
+    assert name == "none"  # K = 0
+    return 2, 3, 4, 5, (2, 2), 1.0, []
+
+
+ROI_GEOMETRIES = ["mixed", "outside", "edge", "tiny", "row", "column", "none"]
+ROI_FLAGS = [(sr, aligned, cw) for sr in (0, 1, 3) for aligned in (True, False) for cw in (False, True)]
+ROI_TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+ROI_REF_TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=2e-4, atol=2e-4)}
+
+
+def _roi_args(n, c, h, w, k, output_size, sampling_ratio, aligned, clockwise):
+    return np.array([n, c, h, w, k, *output_size, sampling_ratio, int(aligned), int(clockwise)], dtype=np.int64)
+
+
+def _roi_emulate(emu, which, a, scale, data, rois, out_shape):
+    dtype = data.dtype
+    out = np.full(out_shape, np.nan, dtype=dtype)
+    suffix = "f64" if dtype == np.float64 else "f32"
+    fn = getattr(emu, f"emu_roi_align_rotated_{which}_{suffix}")
+    rc = fn(_ptr(a), ctypes.c_float(scale), _ptr(np.ascontiguousarray(data)), _ptr(np.ascontiguousarray(rois)),
+            _ptr(out))
+    return rc, out
+
+
+def _roi_reference_jacobian(n, h, w, rois, output_size, scale, sr, aligned, cw):
+    """d out[k, ph, pw] / d input[b_k, q] per roi, from the numpy reference run on basis images: channel q
+    of every image is the indicator of pixel q (the op is linear in the input, channel by channel)."""
+    from opforge.ops.roi_align_rotated import _reference
+
+    basis = np.broadcast_to(np.eye(h * w).reshape(1, h * w, h, w), (n, h * w, h, w))
+    (jac,) = _reference(basis, rois.astype(np.float64), output_height=output_size[0], output_width=output_size[1],
+                        spatial_scale=scale, sampling_ratio=sr, aligned=aligned, clockwise=cw)
+    return jac  # (K, H*W, oh, ow)
+
+
+@pytest.mark.parametrize("sr,aligned,cw", ROI_FLAGS)
+@pytest.mark.parametrize("geometry", ROI_GEOMETRIES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_roi_align_rotated_items_match_cpu_and_reference(emu, geometry, sr, aligned, cw, dtype):
+    from opforge.ops.roi_align_rotated import _reference
+
+    n, c, h, w, output_size, scale, rois = _roi_geometry(geometry, aligned)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, c, h, w, generator=g, dtype=dtype)
+    r = torch.tensor(rois, dtype=dtype).reshape(-1, 6)
+    k = r.shape[0]
+    a = _roi_args(n, c, h, w, k, output_size, sr, aligned, cw)
+    attrs = (*output_size, scale, sr, aligned, cw)
+
+    rc, out = _roi_emulate(emu, "forward", a, scale, x.numpy(), r.numpy(), (k, c, *output_size))
+    assert rc == 0, emu.emu_last_error()
+    assert not np.isnan(out).any(), "an output element no item wrote"
+    cpu = torch.ops.opforge.roi_align_rotated(x, r, *attrs)
+    np.testing.assert_allclose(out, cpu.numpy(), **ROI_TOL[dtype], err_msg="forward vs the CPU kernel")
+    (ref,) = _reference(x.numpy(), r.numpy(), output_height=output_size[0], output_width=output_size[1],
+                        spatial_scale=scale, sampling_ratio=sr, aligned=aligned, clockwise=cw)
+    np.testing.assert_allclose(out, ref, **ROI_REF_TOL[dtype], err_msg="forward vs the numpy reference")
+    if geometry == "outside":
+        assert not out[0].any() and all(out[kk].any() for kk in range(1, k)), "roi 0 alone lies wholly outside"
+
+    grad = torch.randn(k, c, *output_size, generator=g, dtype=dtype)
+    grad_input = np.full((n, c, h, w), np.nan, dtype=out.dtype)
+    fn = emu.emu_roi_align_rotated_backward_f64 if dtype == torch.float64 else emu.emu_roi_align_rotated_backward_f32
+    assert fn(_ptr(a), ctypes.c_float(scale), _ptr(grad.numpy()), _ptr(r.numpy()), _ptr(grad_input)) == 0
+    cpu = torch.ops.opforge._roi_align_rotated_backward(grad, r, [n, c, h, w], *attrs)
+    np.testing.assert_allclose(grad_input, cpu.numpy(), **ROI_TOL[dtype], err_msg="backward vs the CPU kernel")
+    # the reference's transpose: grad_input[b, c, q] = sum over rois of image b and bins of grad * d out / d x[q]
+    jac = _roi_reference_jacobian(n, h, w, r.numpy(), output_size, scale, sr, aligned, cw)
+    want = np.zeros((n, c, h * w))
+    for kk, b in enumerate(r[:, 0].long().tolist()):
+        want[b] += np.einsum("cij,qij->cq", grad[kk].double().numpy(), jac[kk])
+    np.testing.assert_allclose(grad_input, want.reshape(n, c, h, w), **ROI_REF_TOL[dtype],
+                               err_msg="backward vs the numpy reference's transpose")
+    if k == 0:
+        assert not grad_input.any()
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_roi_align_rotated_items_at_the_last_pixel(emu, aligned, dtype):
+    """The corner roi of the edge geometry, 2 x 2 bins of 2 x 2 points: per axis the points lie at
+    H - 1.25, H - 0.75 (bin 0) and H - 0.25, H + 0.25 (bin 1; the last outside). All but the first
+    clamp to the last row, so a point's taps coincide (where the CPU backward once lost updates).
+    Weights on the last pixel per axis: bin 0 0.75 + 1, bin 1 1; on the one before: bin 0 0.25."""
+    n, c, h, w, output_size, scale, rois = _roi_geometry("edge", aligned)
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    r = np.array(rois[2:3], dtype=np_dtype)
+    a = _roi_args(n, c, h, w, 1, output_size, 2, aligned, False)
+    grad = np.ones((1, c, *output_size), dtype=np_dtype)
+    fn = emu.emu_roi_align_rotated_backward_f64 if dtype == torch.float64 else emu.emu_roi_align_rotated_backward_f32
+    gx = np.full((n, c, h, w), np.nan, dtype=np_dtype)
+    assert fn(_ptr(a), ctypes.c_float(scale), _ptr(grad), _ptr(r), _ptr(gx)) == 0
+    axis = {-1: {0: 1.75, 1: 1.0}, -2: {0: 0.25, 1: 0.0}}  # pixel -> bin -> summed weight
+    want = np.zeros((n, c, h, w))
+    for py in (-1, -2):
+        for px in (-1, -2):
+            want[n - 1, :, py, px] = sum(axis[py][i] * axis[px][j] for i in (0, 1) for j in (0, 1)) / 4
+    assert want[n - 1, 0, -1, -1] == 7.5625 / 4 and want.sum() == c * 9 / 4  # 9 points inside, 4 per bin
+    np.testing.assert_array_equal(gx, want.astype(np_dtype))
+    x = np.random.default_rng(0).standard_normal((n, c, h, w)).astype(np_dtype)
+    rc, out = _roi_emulate(emu, "forward", a, scale, x, r, (1, c, *output_size))
+    assert rc == 0
+    np.testing.assert_allclose(out[0, :, 1, 1], x[n - 1, :, -1, -1] / 4, rtol=1e-6)  # one point of four inside
+    np.testing.assert_allclose(out.sum(axis=(2, 3))[0], (want[n - 1] * x[n - 1]).sum(axis=(1, 2)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fault,rc", [
+    ("batch index", 2), ("fractional index", 2), ("angle", 2), ("negative size", 2), ("grid", 2), ("empty map", 1),
+    ("output size", 1),
+])
+def test_roi_align_rotated_items_refuse_what_the_front_end_refuses(emu, fault, rc):
+    """The CUDA front end's checks run before any item (the items index the input with the rois'
+    batch indices): refused calls write nothing, with the CPU kernel's message."""
+    n, c, h, w, output_size, scale, sr = 2, 1, 4, 5, (2, 2), 1.0, 0
+    rois = np.array([[0, 2.0, 2.0, 3.0, 2.0, 0.5], [1, 1.0, 3.0, 2.0, 2.0, 0.0]])
+    if fault == "batch index":
+        rois[1, 0] = 2
+    elif fault == "fractional index":
+        rois[0, 0] = 0.5
+    elif fault == "angle":
+        rois[1, 5] = np.inf
+    elif fault == "negative size":
+        rois[0, 3] = -1.0
+    elif fault == "grid":
+        rois[0, 3:5] = 1e6  # an adaptive grid of 500000 x 500000 points per bin
+    elif fault == "empty map":
+        h = 0
+    else:
+        output_size = (2, 1025)
+    a = _roi_args(n, c, h, w, 2, output_size, sr, True, False)
+    x = np.zeros((n, c, h, w))
+    got, out = _roi_emulate(emu, "forward", a, scale, x, rois, (2, c, *output_size))
+    assert got == rc and np.isnan(out).all()
+    message = emu.emu_last_error().decode()
+    assert message.startswith("opforge::roi_align_rotated: ")
+    with pytest.raises(Exception) as info:
+        torch.ops.opforge.roi_align_rotated(torch.from_numpy(x), torch.from_numpy(rois), *output_size, scale, sr,
+                                            True, False)
+    assert str(info.value).splitlines()[0] == message
+    gx = np.full((n, c, h, w), np.nan)
+    assert emu.emu_roi_align_rotated_backward_f64(_ptr(a), ctypes.c_float(scale), _ptr(np.zeros((2, c, *output_size))),
+                                                  _ptr(rois), _ptr(gx)) == rc
+    assert np.isnan(gx).all()
+
+
+# ---- nms_rotated: the mask items in row chunks and the host reduction vs the CPU kernels and numpy ----
+
+def _nms_boxes(n, seed):
+    """Random rotated boxes, crowded enough that many overlap, with ties in the scores (one decimal),
+    exact duplicates (some with equal scores: the lower index is kept), axis-aligned angles, and
+    boxes of zero or negative size (IoU 0 with everything). Values are float32-exact, so one
+    float64 reference serves both dtypes."""
+    rng = np.random.default_rng(seed)
+    boxes = np.column_stack([rng.uniform(0, 30, n), rng.uniform(0, 30, n), rng.uniform(2, 12, n),
+                             rng.uniform(2, 12, n), rng.uniform(-np.pi, np.pi, n)])
+    scores = np.round(rng.random(n), 1)
+    if n >= 8:
+        boxes[rng.choice(n, n // 8, replace=False), 4] = rng.integers(-2, 4, n // 8) * (np.pi / 2)
+        src, dst = rng.choice(n, (2, n // 8), replace=False)
+        boxes[dst] = boxes[src]
+        scores[dst[::2]] = scores[src[::2]]
+        empty = rng.choice(n, 3, replace=False)
+        boxes[empty[0], 2], boxes[empty[1], 3], boxes[empty[2], 2] = 0.0, 0.0, -1.5
+    labels = rng.integers(0, 3, n)
+    return boxes.astype(np.float32).astype(np.float64), scores.astype(np.float32).astype(np.float64), labels
+
+
+NMS_CASES = [
+    # (n, iou_threshold, batched, seed); 63 / 64 / 65 boxes: one word of the mask, exactly one, two
+    (0, 0.5, False, 0), (1, 0.5, False, 1), (1, 0.5, True, 2), (63, 0.3, False, 3), (64, 0.5, True, 4),
+    (64, 0.1, False, 5), (65, 0.5, False, 6), (65, 0.7, True, 7), (65, 1.0, False, 8), (64, 0.0, True, 9),
+    (200, 0.5, False, 10), (200, 0.3, True, 11),
+]
+_NMS_REFERENCE = {}
+
+
+def _nms_reference(n, thr, batched, seed):
+    """opforge.ops.nms_rotated._greedy (Python IoUs: slow) once per case."""
+    from opforge.ops.nms_rotated import _greedy
+
+    key = (n, thr, batched, seed)
+    if key not in _NMS_REFERENCE:
+        boxes, scores, labels = _nms_boxes(n, seed)
+        _NMS_REFERENCE[key] = _greedy(boxes, scores, labels if batched else None, thr)
+    return _NMS_REFERENCE[key]
+
+
+def _nms_emulate(emu, boxes, scores, labels, thr, chunk_rows=0):
+    n = boxes.shape[0]
+    keep, kept = np.full(max(n, 1), -1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    fn = emu.emu_nms_rotated_f64 if boxes.dtype == np.float64 else emu.emu_nms_rotated_f32
+    rc = fn(ctypes.c_int64(n), _ptr(np.ascontiguousarray(boxes)), _ptr(np.ascontiguousarray(scores)),
+            None if labels is None else _ptr(np.ascontiguousarray(labels, dtype=np.int64)), ctypes.c_double(thr),
+            ctypes.c_int64(chunk_rows), _ptr(keep), _ptr(kept))
+    return rc, keep[:kept[0]]
+
+
+@pytest.mark.parametrize("n,thr,batched,seed", NMS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_nms_rotated_mask_items_match_cpu_and_reference(emu, n, thr, batched, seed, dtype):
+    boxes, scores, labels = _nms_boxes(n, seed)
+    want = _nms_reference(n, thr, batched, seed)
+    b, s = torch.from_numpy(boxes).to(dtype), torch.from_numpy(scores).to(dtype)
+    if batched:
+        cpu = torch.ops.opforge.batched_nms_rotated(b, s, torch.from_numpy(labels), thr)
+    else:
+        cpu = torch.ops.opforge.nms_rotated(b, s, thr)
+    np.testing.assert_array_equal(cpu.numpy(), want, err_msg="the CPU kernel vs the reference")
+    for chunk_rows in (0, 1, 7, 64):  # 0: the kernel's own chunk (all rows at these sizes)
+        rc, keep = _nms_emulate(emu, b.numpy(), s.numpy(), labels if batched else None, thr, chunk_rows)
+        assert rc == 0, emu.emu_last_error()
+        np.testing.assert_array_equal(keep, want, err_msg=f"the mask items in chunks of {chunk_rows or 'all'} rows")
+    if n >= 63:  # the case suppresses some boxes but not all; none at threshold 1 (IoU <= 1, duplicates too)
+        assert len(want) == n if thr == 1.0 else 0 < len(want) < n
+
+
+def test_nms_rotated_chunk_rows_bound_the_mask(emu):
+    """The kernel's chunk: every row while the whole mask fits 64 MiB, then as many rows as fit, at least one."""
+    for n in (1, 63, 64, 65, 1000, 10**5, 10**6, 10**8, 10**10):
+        chunk, words = emu.emu_nms_rotated_chunk_rows(n), -(-n // 64)
+        assert 1 <= chunk <= n
+        if n * words * 8 <= 64 << 20:
+            assert chunk == n, n
+        else:
+            assert chunk == max(1, (64 << 20) // (8 * words)), n
+
+
+def test_nms_rotated_mask_items_refuse_what_the_front_end_refuses(emu):
+    boxes, scores, labels = _nms_boxes(8, 0)
+    bad = boxes.copy()
+    bad[3, 4] = np.nan
+    rc, _ = _nms_emulate(emu, bad, scores, None, 0.5)
+    assert rc == 2 and emu.emu_last_error().decode() == "opforge::nms_rotated: boxes row 3 has a non-finite angle (nan)"
+    bad_scores = scores.copy()
+    bad_scores[5] = np.nan
+    rc, _ = _nms_emulate(emu, boxes, bad_scores, labels, 0.5)
+    assert rc == 2 and emu.emu_last_error().decode().startswith("opforge::batched_nms_rotated: scores[5] is NaN")
+    for thr in (-0.1, 1.5, float("nan")):
+        rc, _ = _nms_emulate(emu, boxes, scores, None, thr)
+        assert rc == 1 and "iou_threshold must be in [0, 1]" in emu.emu_last_error().decode()
+
+
+# ---- the exact rotated-box IoU the mask items use, vs the numpy reference and by hand ----
+
+def _emu_iou(emu, a, b):
+    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
+    out = np.full(a.shape[0], np.nan)
+    emu.emu_rotated_box_iou(ctypes.c_int64(a.shape[0]), _ptr(a), _ptr(b), _ptr(out))
+    return out
+
+
+def _ref_iou(a, b):
+    from opforge.ops.nms_rotated import _iou
+
+    return np.array([_iou(p, q) for p, q in zip(a, b)])
+
+
+def _axis_aligned_iou(a, b):
+    """By hand for angles that are multiples of pi/2: an odd multiple swaps the extents."""
+    def extent(box):
+        cx, cy, w, h, angle = box
+        if int(round(angle / (np.pi / 2))) % 2:
+            w, h = h, w
+        return cx - w / 2, cx + w / 2, cy - h / 2, cy + h / 2
+
+    (al, ar, at, ab), (bl, br, bt, bb) = extent(a), extent(b)
+    inter = max(0.0, min(ar, br) - max(al, bl)) * max(0.0, min(ab, bb) - max(at, bt))
+    return inter / (a[2] * a[3] + b[2] * b[3] - inter)
+
+
+def test_rotated_box_iou_random_pairs_match_reference(emu):
+    rng = np.random.default_rng(0)
+    n = 300
+    a = np.column_stack([rng.uniform(0, 8, n), rng.uniform(0, 8, n), rng.uniform(0.5, 6, n), rng.uniform(0.5, 6, n),
+                         rng.uniform(-np.pi, np.pi, n)])
+    b = np.column_stack([rng.uniform(0, 8, n), rng.uniform(0, 8, n), rng.uniform(0.5, 6, n), rng.uniform(0.5, 6, n),
+                         rng.uniform(-4, 4, n)])
+    far = np.array([1e4, -3e4, 0, 0, 0])  # far from the origin: the same pairs, moved
+    got = _emu_iou(emu, np.vstack([a, a + far]), np.vstack([b, b + far]))
+    want = _ref_iou(a, b)
+    assert (want > 0.05).sum() > 50 and (want == 0).sum() > 20  # overlapping and disjoint pairs both
+    np.testing.assert_allclose(got[:n], want, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got[n:], want, rtol=0, atol=1e-9)
+
+
+def test_rotated_box_iou_special_pairs(emu):
+    pi = np.pi
+    u = np.array([np.cos(0.4), np.sin(0.4)])  # the width axis of a box at angle 0.4 (mmcv's convention)
+    pairs = [
+        # (a, b, exact IoU)
+        ((3, 4, 5, 2, 0.7), (3, 4, 5, 2, 0.7), 1.0),            # identical
+        ((3, 4, 5, 2, 0.7), (3, 4, 5, 2, 0.7 + pi), 1.0),       # the same rectangle, turned half a turn
+        ((3, 4, 5, 2, 0.7), (3, 4, 2, 5, 0.7 + pi / 2), 1.0),   # the same, width and height swapped
+        ((0, 0, 2, 2, 0.3), (10, 0, 2, 2, -0.3), 0.0),          # disjoint
+        ((0, 0, 4, 1, 0.0), (0, 2.6, 4, 1, 0.0), 0.0),          # disjoint, circumscribed circles overlap
+        ((0, 0, 10, 8, 0.3), (0.5, -0.2, 2, 1, 1.1), 2 / 80),   # one inside the other
+        ((0.5, -0.2, 2, 1, 1.1), (0, 0, 10, 8, 0.3), 2 / 80),
+        ((0, 0, 2, 2, 0.0), (2, 0, 2, 2, 0.0), 0.0),            # touching edges
+        ((0, 0, 2, 2, 0.0), (2, 2, 2, 2, 0.0), 0.0),            # touching corners
+        ((1, 1, 3, 1, 0.4), (1 + 3 * u[0], 1 + 3 * u[1], 3, 1, 0.4), 0.0),  # touching, rotated
+        ((1, 1, 3, 1, 0.4), (1 + 1.5 * u[0], 1 + 1.5 * u[1], 3, 1, 0.4), 1 / 3),  # half overlap along u
+        ((0, 0, 4, 1, 0.0), (0, 0, 4, 1, pi / 2), 1 / 7),       # a cross: 1 / (4 + 4 - 1)
+        ((0, 0, 0, 3, 0.2), (0, 0, 0, 3, 0.2), 0.0),            # zero size
+        ((0, 0, 2, -3, 0.2), (0, 0, 2, 3, 0.2), 0.0),           # negative size
+    ]
+    a = np.array([p[0] for p in pairs], dtype=np.float64)
+    b = np.array([p[1] for p in pairs], dtype=np.float64)
+    exact = np.array([p[2] for p in pairs])
+    got = _emu_iou(emu, a, b)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(_ref_iou(a, b), exact, rtol=0, atol=1e-9)
+    assert got[3] == 0.0 and got[4] == 0.0 and got[-2] == 0.0 and got[-1] == 0.0
+
+
+def test_rotated_box_iou_axis_aligned_matches_rectangle_overlap(emu):
+    rng = np.random.default_rng(1)
+    n = 200
+    quarter = np.pi / 2
+    a = np.column_stack([rng.uniform(0, 6, n), rng.uniform(0, 6, n), rng.uniform(0.5, 5, n), rng.uniform(0.5, 5, n),
+                         rng.integers(-4, 5, n) * quarter])
+    b = np.column_stack([rng.uniform(0, 6, n), rng.uniform(0, 6, n), rng.uniform(0.5, 5, n), rng.uniform(0.5, 5, n),
+                         rng.integers(-4, 5, n) * quarter])
+    exact = np.array([_axis_aligned_iou(p, q) for p, q in zip(a, b)])
+    assert (exact > 0.05).sum() > 50 and (exact == 0).sum() > 10
+    np.testing.assert_allclose(_emu_iou(emu, a, b), exact, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(_ref_iou(a, b), exact, rtol=0, atol=1e-9)

@@ -2,15 +2,24 @@
 //
 // The CUDA kernels are grid-stride loops over work-item bodies that live in
 // host+device headers (core/deform_conv2d_gpu.h, core/my_add_gpu.h,
-// core/ms_deform_attn_gpu.h). Compiled here by g++, the same bodies run item by
+// core/ms_deform_attn_gpu.h, core/roi_align_rotated_gpu.h,
+// core/nms_rotated_gpu.h). Compiled here by g++, the same bodies run item by
 // item (atomics become plain adds), in the kernels' launch order: for
 // deform_conv2d with the same chunking and the same GEMM geometry
 // (core::deform_forward_gemm, what the ORT CUDA kernel hands cuBLAS) evaluated
 // by a naive column-major GEMM; for ms_deform_attn the forward pass, and the
 // backward's grad_value pass (into a zeroed buffer of the accumulation type)
-// followed by its sampling-point pass. So the GPU code's indexing and
-// arithmetic are tested against torchvision / grid_sample and the CPU kernels
-// on machines without a GPU. Not part of the package.
+// followed by its sampling-point pass; for roi_align_rotated the front end's
+// checks (shapes and attributes, then the rois' values on a host copy), the
+// forward items, and the backward items scattering into a zeroed buffer of the
+// accumulation type; for nms_rotated the host plan (values checked, order,
+// float64 geometry), the suppression-mask items in row chunks (the chunk size
+// can be forced small) and the host's greedy reduction of each chunk, as
+// ops/csrc/cuda/nms_rotated_cuda.cpp runs them; and the exact rotated-box IoU
+// the mask items use. So the GPU code's indexing and arithmetic are tested
+// against torchvision / grid_sample, numpy references and the CPU kernels on
+// machines without a GPU. Not part of the package.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +29,11 @@
 #include "core/ms_deform_attn.h"
 #include "core/ms_deform_attn_gpu.h"
 #include "core/my_add_gpu.h"
+#include "core/nms_rotated.h"
+#include "core/nms_rotated_gpu.h"
+#include "core/roi_align_rotated.h"
+#include "core/roi_align_rotated_gpu.h"
+#include "core/rotated_box_iou.h"
 
 using namespace opforge::core;
 
@@ -166,6 +180,88 @@ int ms_backward(const int64_t* a, const int64_t* shapes, const int64_t* starts, 
   return 0;
 }
 
+// The message of the last refused call (roi_align_rotated, nms_rotated), for the tests.
+std::string last_error;
+
+int refuse(int rc, const std::string& err) {
+  last_error = err;
+  return rc;
+}
+
+// a: [N, C, H, W, K, output_height, output_width, sampling_ratio, aligned, clockwise].
+// What the CUDA front ends (roi_align_rotated_cuda.cpp) check before launching:
+// shapes and attributes (1 when refused), then the rois' values on a host copy
+// in float for float32, double for float64 (2 when refused): the items index
+// the input with the batch indices and size their loops by the rois.
+template <typename T>
+int make_roi_params(const int64_t* a, float spatial_scale, const T* rois, RoiAlignRotatedParams& p) {
+  const int64_t input[4] = {a[0], a[1], a[2], a[3]};
+  const int64_t roi_shape[2] = {a[4], 6};
+  std::string err = roi_align_rotated_check(input, 4, roi_shape, 2, a[5], a[6], spatial_scale, a[7], a[8] != 0,
+                                            a[9] != 0, p);
+  if (!err.empty()) return refuse(1, err);
+  err = roi_align_rotated_check_rois<T>(p, rois);
+  if (!err.empty()) return refuse(2, err);
+  return 0;
+}
+
+// launch_roi_align_rotated_forward: every item writes its output element.
+template <typename T, typename A>
+int roi_forward(const int64_t* a, float spatial_scale, const T* input, const T* rois, T* out) {
+  RoiAlignRotatedParams p;
+  if (const int rc = make_roi_params(a, spatial_scale, rois, p)) return rc;
+  for (int64_t i = 0; i < roi_align_rotated_items(p); ++i) roi_align_rotated_forward_item<T, A>(p, i, input, rois, out);
+  return 0;
+}
+
+// The backward front end: grad_input zeroed in the accumulation type, the
+// items scatter into it, then it is converted to T (grad_input.to(t)).
+template <typename T, typename A>
+int roi_backward(const int64_t* a, float spatial_scale, const T* grad_output, const T* rois, T* grad_input) {
+  RoiAlignRotatedParams p;
+  if (const int rc = make_roi_params(a, spatial_scale, rois, p)) return rc;
+  std::vector<A> acc(p.batch * p.channels * p.map_size(), A(0));
+  for (int64_t i = 0; i < roi_align_rotated_items(p); ++i)
+    roi_align_rotated_backward_item<T, A>(p, i, grad_output, rois, acc.data());
+  for (size_t j = 0; j < acc.size(); ++j) grad_input[j] = ScalarIO<T, A>::store(acc[j]);
+  return 0;
+}
+
+// nms_cuda (ops/csrc/cuda/nms_rotated_cuda.cpp): the shape and threshold rule
+// (the threshold as the float32 the op keeps), the host plan, then per chunk
+// of rows the mask items and the greedy reduction. The mask buffer is
+// at::empty on the GPU and reused across chunks: here it starts all ones, so
+// a word the items failed to write would suppress boxes. chunk_rows <= 0: the
+// kernel's own chunk (nms_rotated_chunk_rows). labels null: not batched.
+template <typename T>
+int nms(int64_t n, const T* boxes, const T* scores, const int64_t* labels, double iou_threshold, int64_t chunk_rows,
+        int64_t* keep, int64_t* kept) {
+  const int64_t box_shape[2] = {n, 5}, vec_shape[1] = {n};
+  NmsRotatedParams p;
+  std::string err = nms_rotated_check(box_shape, 2, vec_shape, 1, labels ? vec_shape : nullptr, labels ? 1 : -1,
+                                      static_cast<float>(iou_threshold), p);
+  if (!err.empty()) return refuse(1, err);
+  NmsRotatedPlan plan;
+  err = nms_rotated_prepare<T>(p, boxes, scores, labels, plan);
+  if (!err.empty()) return refuse(2, err);
+  std::vector<int64_t> out;
+  if (n > 0) {
+    const int64_t words = nms_rotated_words(n), chunk = chunk_rows > 0 ? chunk_rows : nms_rotated_chunk_rows(n);
+    std::vector<uint64_t> mask(chunk * words, ~uint64_t(0));
+    std::vector<uint64_t> removed(words, 0);
+    for (int64_t row = 0; row < n; row += chunk) {
+      const int64_t rows = std::min(chunk, n - row);
+      for (int64_t i = 0; i < rows * words; ++i)
+        nms_rotated_mask_item(n, words, row, i, plan.geometry.data(), p.batched ? plan.labels.data() : nullptr,
+                              static_cast<double>(p.iou_threshold), mask.data());
+      nms_rotated_reduce_mask(mask.data(), row, row + rows, words, plan.order, removed, out);
+    }
+  }
+  std::copy(out.begin(), out.end(), keep);
+  *kept = static_cast<int64_t>(out.size());
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -209,4 +305,44 @@ int emu_ms_deform_attn_backward_f64(const int64_t* a, const int64_t* shapes, con
                                     double* gloc, double* gattn) {
   return ms_backward<double, double>(a, shapes, starts, g, v, loc, attn, gv, gloc, gattn);
 }
+
+// roi_align_rotated: a = [N, C, H, W, K, output_height, output_width,
+// sampling_ratio, aligned, clockwise]; rois [K, 6]; the accumulation type is
+// acc<T> of cuda/scalar.cuh (T itself). 0: done, 1: shapes/attributes refused,
+// 2: rois values refused (emu_last_error says why).
+int emu_roi_align_rotated_forward_f32(const int64_t* a, float scale, const float* x, const float* rois, float* out) {
+  return roi_forward<float, float>(a, scale, x, rois, out);
+}
+int emu_roi_align_rotated_forward_f64(const int64_t* a, float scale, const double* x, const double* rois,
+                                      double* out) {
+  return roi_forward<double, double>(a, scale, x, rois, out);
+}
+int emu_roi_align_rotated_backward_f32(const int64_t* a, float scale, const float* g, const float* rois, float* gx) {
+  return roi_backward<float, float>(a, scale, g, rois, gx);
+}
+int emu_roi_align_rotated_backward_f64(const int64_t* a, float scale, const double* g, const double* rois,
+                                       double* gx) {
+  return roi_backward<double, double>(a, scale, g, rois, gx);
+}
+// nms_rotated / batched_nms_rotated (labels non-null): keep gets the kept
+// indices (room for n), kept their count; chunk_rows <= 0: the kernel's chunk.
+int emu_nms_rotated_f32(int64_t n, const float* boxes, const float* scores, const int64_t* labels, double thr,
+                        int64_t chunk_rows, int64_t* keep, int64_t* kept) {
+  return nms(n, boxes, scores, labels, thr, chunk_rows, keep, kept);
+}
+int emu_nms_rotated_f64(int64_t n, const double* boxes, const double* scores, const int64_t* labels, double thr,
+                        int64_t chunk_rows, int64_t* keep, int64_t* kept) {
+  return nms(n, boxes, scores, labels, thr, chunk_rows, keep, kept);
+}
+int64_t emu_nms_rotated_chunk_rows(int64_t n) { return nms_rotated_chunk_rows(n); }
+// out[i] = IoU of boxes a[i] and b[i], each (cx, cy, w, h, angle), as the mask items compute it.
+void emu_rotated_box_iou(int64_t n, const double* a, const double* b, double* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double* p = a + 5 * i;
+    const double* q = b + 5 * i;
+    out[i] = rotated_box_iou(rotated_box_geometry(p[0], p[1], p[2], p[3], p[4]),
+                             rotated_box_geometry(q[0], q[1], q[2], q[3], q[4]));
+  }
+}
+const char* emu_last_error() { return last_error.c_str(); }
 }
