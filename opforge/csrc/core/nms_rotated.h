@@ -11,7 +11,7 @@
 //
 // Every front end runs the same steps: nms_rotated_check (shapes, attribute),
 // nms_rotated_prepare (values checked, order, per-box geometry in float64, on
-// the host), then suppression: nms_rotated_suppress on the CPU, or the GPU's
+// the host), then suppression: nms_rotated_suppress on the CPU (in blocks), or the GPU's
 // mask items (nms_rotated_gpu.h) with nms_rotated_reduce_mask on the host.
 #pragma once
 
@@ -112,27 +112,46 @@ inline bool nms_rotated_suppresses(const NmsRotatedParams& p, const NmsRotatedPl
   return rotated_box_iou(plan.geometry[i], plan.geometry[j]) > static_cast<double>(p.iou_threshold);
 }
 
-// Later boxes per parallel task when one kept box is tested against them.
+// Boxes visited per block, and later boxes per parallel task.
+constexpr int64_t kNmsRotatedBlock = 64;
 constexpr int64_t kNmsRotatedGrain = 256;
 
-// The CPU suppression: greedy, testing each kept box against the boxes after
-// it that are still standing, those tests split over parallel_for(total,
-// grain, body(begin, end)). Returns the kept boxes' input indices.
+// The CPU suppression, greedy in blocks of kNmsRotatedBlock visited boxes:
+// a block is first settled among itself (serially: which of its boxes stand,
+// given the earlier blocks), then its kept boxes are tested against every
+// later box still standing, those tests split over parallel_for(total, grain,
+// body(begin, end)). That is the plain greedy's result with one parallel
+// region per block instead of one per kept box: on a loaded machine, waking
+// the thread pool for every kept box cost seconds. Returns the kept boxes'
+// input indices.
 template <typename ParallelFor>
 inline std::vector<int64_t> nms_rotated_suppress(const NmsRotatedParams& p, const NmsRotatedPlan& plan,
                                                  const ParallelFor& parallel_for) {
   const int64_t n = p.boxes;
   std::vector<unsigned char> removed(static_cast<size_t>(n), 0);
-  std::vector<int64_t> keep;
-  for (int64_t i = 0; i < n; ++i) {
-    if (removed[i]) continue;
-    keep.push_back(plan.order[i]);
-    const int64_t rest = n - (i + 1);
-    if (rest <= 0) break;
-    // Each j is written by the one task that owns it: no races.
-    parallel_for(rest, kNmsRotatedGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t j = i + 1 + begin; j < i + 1 + end; ++j)
+  std::vector<int64_t> keep, block_kept;
+  for (int64_t b0 = 0; b0 < n; b0 += kNmsRotatedBlock) {
+    const int64_t b1 = std::min(n, b0 + kNmsRotatedBlock);
+    block_kept.clear();
+    for (int64_t i = b0; i < b1; ++i) {
+      if (removed[i]) continue;
+      block_kept.push_back(i);
+      keep.push_back(plan.order[i]);
+      for (int64_t j = i + 1; j < b1; ++j)
         if (!removed[j] && nms_rotated_suppresses(p, plan, i, j)) removed[j] = 1;
+    }
+    const int64_t rest = n - b1;
+    if (rest <= 0 || block_kept.empty()) continue;
+    // Each later box j is written by the one task that owns it: no races.
+    parallel_for(rest, kNmsRotatedGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t j = b1 + begin; j < b1 + end; ++j) {
+        if (removed[j]) continue;
+        for (const int64_t i : block_kept)
+          if (nms_rotated_suppresses(p, plan, i, j)) {
+            removed[j] = 1;
+            break;
+          }
+      }
     });
   }
   return keep;
