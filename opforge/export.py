@@ -117,16 +117,24 @@ def export(
 def _in_eval_mode(model, dynamo: bool):
     """Both exporters export inference models: the TorchScript exporter switches the model to
     eval mode by itself (``training=TrainingMode.EVAL``), the dynamo exporter exports whatever mode
-    the model is in and warns. opforge.export gives both the TorchScript exporter's behaviour;
-    the model's mode is restored afterwards."""
-    if not dynamo or not isinstance(model, torch.nn.Module) or not model.training:
+    the model is in and warns. opforge.export gives both the TorchScript exporter's behaviour.
+
+    Afterwards every submodule gets back its own training flag, for both exporters: restoring
+    with ``model.train()`` (as torch's exporter does) would set them all, so a frozen eval-mode
+    backbone inside a training model, the usual detector, would come back training (Dropout on,
+    BatchNorm statistics updating). The flags are set directly, not through ``train()``, which
+    a module may override to do more."""
+    if not isinstance(model, torch.nn.Module):
         yield
         return
-    model.eval()
+    flags = [(module, module.training) for module in model.modules()]
+    if dynamo and model.training:
+        model.eval()
     try:
         yield
     finally:
-        model.train()
+        for module, training in flags:
+            module.training = training
 
 
 @contextlib.contextmanager

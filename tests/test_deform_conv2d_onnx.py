@@ -348,3 +348,40 @@ def test_a_clean_export_prints_no_warning_from_opforge(how, tmp_path):
     if how.startswith("opforge"):  # nothing at all: torch's own notices about the legacy exporter are muted there
         assert [str(w.message) for w in caught] == []
     assert model.training  # the model's mode is restored
+
+
+class _FrozenBackboneDetector(torch.nn.Module):
+    """The usual detector: a training model whose backbone is frozen in eval mode (BatchNorm with
+    fixed statistics), a training head with Dropout and BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                            torch.nn.ReLU())
+        self.head = torch.nn.Sequential(torch.nn.Conv2d(8, 27, 3, padding=1), torch.nn.BatchNorm2d(27),
+                                        torch.nn.Dropout(0.5))
+        self.dcn = opforge.DeformConv2d(8, 6, 3, padding=1)
+
+    def forward(self, x):
+        f = self.backbone(x)
+        om = self.head(f)
+        return self.dcn(f, om[:, :18], torch.sigmoid(om[:, 18:]))
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_export_leaves_every_training_flag_and_buffer_as_it_was(dynamo):
+    model = _FrozenBackboneDetector()
+    model.backbone.eval()
+    with torch.no_grad():  # statistics that differ from BatchNorm's initial ones
+        for bn in (model.backbone[1], model.head[1]):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+    flags = {name: m.training for name, m in model.named_modules()}
+    assert flags["backbone"] is False and flags["backbone.1"] is False and flags["head.2"] is True
+    buffers = {k: v.clone() for k, v in model.state_dict().items()}
+    opforge.export(model, (torch.randn(2, 4, 8, 8),), dynamo=dynamo, opset_version=18 if dynamo else 17)
+    assert {name: m.training for name, m in model.named_modules()} == flags
+    after = model.state_dict()
+    assert after.keys() == buffers.keys()
+    for k, v in buffers.items():
+        assert torch.equal(after[k], v), f"{k} changed by the export"
