@@ -68,6 +68,23 @@ def test_tutorial_07_trains_exports_both_ways_and_runs_at_another_size(tutorial)
     assert "5. standard ONNX (domains ['ai.onnx'], 2 GridSample nodes): plain onnxruntime" in out
 
 
+def test_tutorial_08_trains_post_processes_exports_both_ways_and_runs_at_another_roi_count(tutorial):
+    out = tutorial("08_rotated_detection.py")[0].stdout
+    assert "-> roi_align_rotated (208, 16, 7, 7)" in out
+    losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if line.startswith("2. step")]
+    assert len(losses) == 5 and losses[-1] < 0.5 * losses[0]
+    assert "3. 26 rois -> nms_rotated keeps " in out and "batched_nms_rotated over 2 classes keeps " in out
+    nodes = "['opforge::batched_nms_rotated', 'opforge::nms_rotated', 'opforge::roi_align_rotated']"
+    kept = {}
+    for exporter in ("dynamo", "torchscript"):
+        assert f"4. {exporter}: exported, custom nodes {nodes}, rois input ['rois', 6]" in out, exporter
+        line = next(line for line in out.splitlines() if line.startswith(f"5. {exporter}: "))
+        assert "ORT at 38 rois (exported at 26) matches torch" in line and line.endswith(" identical"), line
+        assert float(line.split("max |diff| = ")[1].split(";")[0]) < 1e-4, line
+        kept[exporter] = line.split("; keep ")[1]
+    assert kept["dynamo"] == kept["torchscript"]  # both exporters' models keep the same boxes
+
+
 def test_cli_demo(tmp_path):
     out = run(["-m", "opforge", "demo", "--out", str(tmp_path)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -115,6 +132,28 @@ def test_ms_deform_attn_benchmark_reports_speedups_and_agreement(tmp_path):
             assert result[shape][key] > 0
         assert set(result[shape]["max_abs_diff"]) == {"output", "grad_value", "grad_locations", "grad_weights",
                                                       "ort_output", "ort_vs_torch_output"}
+
+
+def test_roi_align_rotated_benchmark_reports_ratios_and_agreement(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_roi_align_rotated.py"), "--quick", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result["ratio_forward"] > 0 and result["ratio_fwd_bwd"] > 0  # timing: reported, never gated
+    assert result["shape"]["rois_crossing_border"] > 0  # the border rules are part of the agreement
+    diffs = result["max_abs_diff"]
+    assert set(diffs) == {"output", "grad_input", "ort_vs_torch_output"}
+    assert max(diffs.values()) < 1e-4, diffs  # opforge == the grid_sample anchor, torch and ORT
+    assert result["ort_ms"] > 0
+
+
+def test_nms_rotated_benchmark_reports_the_ratio_and_identical_keep(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_nms_rotated.py"), "--quick", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result["ratio"] > 0 and result["ratio_all_pairs"] > 0  # timing: reported, never gated
+    assert result["identical_keep"] == {"pruned": True, "all_pairs": True}
+    shape = result["shape"]
+    assert 0 < shape["kept"] < shape["boxes"] and 0 < shape["pruned_pairs"] < shape["all_pairs"]
 
 
 def test_torchvision_patch_benchmark_reports_speedups_and_agreement(tmp_path):

@@ -11,7 +11,7 @@
 //
 // Every front end runs the same steps: nms_rotated_check (shapes, attribute),
 // nms_rotated_prepare (values checked, order, per-box geometry in float64, on
-// the host), then suppression: nms_rotated_suppress on the CPU (in blocks), or the GPU's
+// the host), then suppression: nms_rotated_suppress on the CPU, or the GPU's
 // mask items (nms_rotated_gpu.h) with nms_rotated_reduce_mask on the host.
 #pragma once
 
@@ -112,45 +112,53 @@ inline bool nms_rotated_suppresses(const NmsRotatedParams& p, const NmsRotatedPl
   return rotated_box_iou(plan.geometry[i], plan.geometry[j]) > static_cast<double>(p.iou_threshold);
 }
 
-// Boxes visited per block, and later boxes per parallel task.
-constexpr int64_t kNmsRotatedBlock = 64;
-constexpr int64_t kNmsRotatedGrain = 256;
+// Candidate boxes per parallel task: a window this large only happens when
+// boxes are huge or piled up; below it the window is scanned inline (a
+// parallel region per kept box cost seconds on a loaded machine).
+constexpr int64_t kNmsRotatedGrain = 4096;
 
-// The CPU suppression, greedy in blocks of kNmsRotatedBlock visited boxes:
-// a block is first settled among itself (serially: which of its boxes stand,
-// given the earlier blocks), then its kept boxes are tested against every
-// later box still standing, those tests split over parallel_for(total, grain,
-// body(begin, end)). That is the plain greedy's result with one parallel
-// region per block instead of one per kept box: on a loaded machine, waking
-// the thread pool for every kept box cost seconds. Returns the kept boxes'
-// input indices.
+// The CPU suppression: greedy, each kept box tested only against the boxes
+// that could overlap it. Boxes are sorted by the left end of their
+// circumscribed circle's x-extent; a box can only overlap boxes whose
+// x-extents meet its own, found by binary search in that order (a window of
+// left ends [left_i - widest extent, right_i]). Extents are widened by a
+// relative 1e-6, so a box outside the window is apart by more than
+// rotated_box_iou's own disjointness margin: its IoU would be exactly 0, and
+// the result is the plain greedy's, for any threshold in [0, 1]. Windows of
+// more than kNmsRotatedGrain boxes are split over parallel_for(total, grain,
+// body(begin, end)). Returns the kept boxes' input indices.
 template <typename ParallelFor>
 inline std::vector<int64_t> nms_rotated_suppress(const NmsRotatedParams& p, const NmsRotatedPlan& plan,
                                                  const ParallelFor& parallel_for) {
   const int64_t n = p.boxes;
+  std::vector<double> left(static_cast<size_t>(n)), right(static_cast<size_t>(n));
+  double widest = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const RotatedBoxGeometry& g = plan.geometry[i];
+    const double margin = 1e-6 * (std::fabs(g.cx) + g.radius);
+    left[i] = g.cx - g.radius - margin;
+    right[i] = g.cx + g.radius + margin;
+    widest = std::max(widest, right[i] - left[i]);
+  }
+  std::vector<int64_t> by_left(static_cast<size_t>(n));
+  std::iota(by_left.begin(), by_left.end(), int64_t(0));
+  std::sort(by_left.begin(), by_left.end(), [&](int64_t a, int64_t b) { return left[a] < left[b]; });
+  std::vector<double> sorted_left(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) sorted_left[k] = left[by_left[k]];
+
   std::vector<unsigned char> removed(static_cast<size_t>(n), 0);
-  std::vector<int64_t> keep, block_kept;
-  for (int64_t b0 = 0; b0 < n; b0 += kNmsRotatedBlock) {
-    const int64_t b1 = std::min(n, b0 + kNmsRotatedBlock);
-    block_kept.clear();
-    for (int64_t i = b0; i < b1; ++i) {
-      if (removed[i]) continue;
-      block_kept.push_back(i);
-      keep.push_back(plan.order[i]);
-      for (int64_t j = i + 1; j < b1; ++j)
-        if (!removed[j] && nms_rotated_suppresses(p, plan, i, j)) removed[j] = 1;
-    }
-    const int64_t rest = n - b1;
-    if (rest <= 0 || block_kept.empty()) continue;
-    // Each later box j is written by the one task that owns it: no races.
-    parallel_for(rest, kNmsRotatedGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t j = b1 + begin; j < b1 + end; ++j) {
-        if (removed[j]) continue;
-        for (const int64_t i : block_kept)
-          if (nms_rotated_suppresses(p, plan, i, j)) {
-            removed[j] = 1;
-            break;
-          }
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < n; ++i) {
+    if (removed[i]) continue;
+    keep.push_back(plan.order[i]);
+    const int64_t lo = std::lower_bound(sorted_left.begin(), sorted_left.end(), left[i] - widest) - sorted_left.begin();
+    const int64_t hi = std::upper_bound(sorted_left.begin(), sorted_left.end(), right[i]) - sorted_left.begin();
+    if (hi <= lo) continue;
+    // Each candidate j is written by the one task that owns it: no races.
+    parallel_for(hi - lo, kNmsRotatedGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t k = lo + begin; k < lo + end; ++k) {
+        const int64_t j = by_left[k];
+        if (j > i && !removed[j] && right[j] >= left[i] && nms_rotated_suppresses(p, plan, i, j)) removed[j] = 1;
       }
     });
   }
