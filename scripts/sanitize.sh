@@ -50,6 +50,7 @@ tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
   tests=(tests/test_crash_proofing.py tests/test_ort_node_checks.py tests/test_my_add_torch.py
          tests/test_my_add_onnx.py tests/test_deform_conv2d_torch.py tests/test_deform_conv2d_onnx.py
+         tests/test_roi_align_rotated.py tests/test_nms_rotated.py
          tests/test_aten.py tests/test_aten_policy.py tests/test_aten_guards.py tests/test_aten_hostile.py
          tests/test_aten_fuzz.py tests/test_concurrency.py tests/test_fuzz.py -q -p no:cacheprovider)
 fi

@@ -6,13 +6,18 @@ One process runs one batch of cases of one target and prints ``CASE <target> <se
 ``default_rng([seed, k])`` alone: ``--case k`` reruns exactly that case.
 
 Each case is either *valid* (the op must succeed and agree with an independent reference:
-torchvision for deform_conv2d, grid_sample for ms_deform_attn, numpy for my_add, torch itself for
-ATen nodes) or *invalid* (the op must fail with an error naming the op: a Python exception in
-torch, an error status in ORT). Valid cases include the edges: empty batches, empty input planes
-with padding, strides larger than the input, huge / infinite / NaN offsets and sampling locations,
-channels_last and strided views. Invalid ones include hostile index tensors (ms_deform_attn's
-spatial_shapes and level_start_index: sizes that are zero, negative or overflow int64, alone or
-summed, starts that disagree), which the kernels must refuse before reading memory with them.
+torchvision for deform_conv2d, grid_sample for ms_deform_attn, the numpy reference
+(opforge.ops.roi_align_rotated._reference) for roi_align_rotated, the greedy algorithm over a
+numpy IoU (opforge.ops.nms_rotated._greedy / _iou) for nms_rotated and batched_nms_rotated, numpy
+for my_add, torch itself for ATen nodes) or *invalid* (the op must fail with an error naming the
+op: a Python exception in torch, an error status in ORT). Valid cases include the edges: empty
+batches, empty input planes with padding, strides larger than the input, huge / infinite / NaN
+offsets and sampling locations, channels_last and strided views; rois off the map, of size zero,
+with angles of 1e30, adaptive grids of thousands of points; boxes that tie, repeat, have no area,
+sit at 1e30. Invalid ones include hostile index tensors (ms_deform_attn's spatial_shapes and
+level_start_index: sizes that are zero, negative or overflow int64, alone or summed, starts that
+disagree; roi_align_rotated's batch indices of -1, N, 0.5, 1e30 or NaN, and rois asking for a
+sampling grid of billions of points), which the kernels must refuse before reading memory with them.
 
     python tests/fuzz.py --target deform_conv2d:torch --seed 0 --first 0 --cases 100
     python tests/fuzz.py --target deform_conv2d:ort --seed 0 --case 17      # one case, verbose
@@ -37,7 +42,8 @@ from opforge.spec import find
 from helpers import aten_model, run_in_ort  # tests/ is this script's sys.path[0]
 
 INT64_MAX = 2**63 - 1
-TARGETS = ("deform_conv2d:torch", "deform_conv2d:ort", "ms_deform_attn:torch", "ms_deform_attn:ort", "my_add:torch",
+TARGETS = ("deform_conv2d:torch", "deform_conv2d:ort", "ms_deform_attn:torch", "ms_deform_attn:ort",
+           "roi_align_rotated:torch", "roi_align_rotated:ort", "nms_rotated:torch", "nms_rotated:ort", "my_add:torch",
            "my_add:ort", "aten:ort")
 
 
@@ -203,12 +209,12 @@ def tolerance(dtype):
     return {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-4}.get(dtype, 1e-9)
 
 
-def compare(got, want, dtype, what):
+def compare(got, want, dtype, what, tol=None):
     got, want = got.detach().double(), want.detach()
     if got.shape != want.shape:
         raise CaseFailure(f"{what}: shape {list(got.shape)}, reference {list(want.shape)}")
     keep = ~got.isnan()  # NaN offsets/masks: NaN exactly where they reach, the rest as if they were 0
-    tol = tolerance(dtype)
+    tol = tolerance(dtype) if tol is None else tol
     scale = 1.0 + float(want[keep].abs().max()) if keep.any() else 1.0
     diff = (got[keep] - want[keep]).abs()
     bad = diff > tol * scale
@@ -518,6 +524,487 @@ def run_ms_deform_torch(values, edge, call, valid, rng):
     return y, grad, values
 
 
+# ---- roi_align_rotated -----------------------------------------------------------------------------
+
+RAR_INVALID = ["nonfinite", "batch_index", "no_images", "negative_size", "grid_too_big", "input_rank", "rois_shape",
+               "empty_map", "dtype_mismatch", "int_dtype", "output_size", "spatial_scale", "sampling_ratio"]
+# what the kernels' message must say (a regex) for each invalid case ({row} / {col}: filled in by the case)
+RAR_WHY = {
+    "nonfinite": r"rois row {row} has a non-finite {col} \(", "negative_size": r"rois row {row} has a negative size",
+    "batch_index": r"rois row {row} has batch index .*, but input has N = \d+ images: the index must be an integer",
+    "no_images": r"rois row 0 has batch index .*, but input has N = 0 images",
+    "grid_too_big": r"rois row {row} .* needs an adaptive sampling grid of .* points per bin; at most 65536",
+    "input_rank": r"input must be 4-D", "rois_shape": r"rois must be 2-D \(K, 6\)", "empty_map": "empty feature map",
+    "dtype_mismatch": "rois has dtype .* but input has dtype", "int_dtype": "input has dtype",
+    "output_size": r"output_size must be in \[1, 1024\] per axis",
+    "spatial_scale": "spatial_scale must be a finite positive number",
+    "sampling_ratio": "sampling_ratio must be at most 256",
+}
+# ORT's front end refuses other dtypes before the kernel (opforge.ort_session's type check), in its words
+RAR_WHY_ORT = {"dtype_mismatch": "share one element type", "int_dtype": "which it does not take"}
+RAR_EDGES = ["none", "none", "none", "no_rois", "no_images", "last_image", "outside", "partly_outside", "zero_size",
+             "tiny_unaligned", "huge_angle", "right_angles", "adaptive_large", "channels_last", "strided", "unit_row",
+             "unit_col", "max_sampling", "max_output", "no_channels"]
+# the torch front end's call forms: the op, mmcv's autograd.Function and module, opforge's wrapper
+RAR_CALLS = ["op", "op", "function", "module", "wrapper"]
+RAR_COLUMNS = ["batch index", "cx", "cy", "w", "h", "angle"]
+
+
+def big(dtype, value):
+    """value, or the largest magnitude float16 holds (65504) with its sign: "huge but finite" in every dtype."""
+    return value if dtype != torch.float16 or abs(value) < 6e4 else math.copysign(6e4, value)
+
+
+def rar_case(rng, front_end):
+    """(description, values, invalid, why, edge, call): values are the torch op's arguments (contiguous; the
+    channels_last and strided layouts are applied by the runner)."""
+    dtypes = [torch.float32] * 3 + [torch.float64, torch.float16] + ([torch.bfloat16] if front_end == "torch" else [])
+    dtype = pick(rng, dtypes)
+    n, c = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    h, w = int(rng.integers(1, 13)), int(rng.integers(1, 13))
+    k = int(rng.integers(1, 7))
+    oh, ow = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    scale = pick(rng, [1.0, 1.0, 0.5, 0.25, 2.0, 0.7])
+    ratio = pick(rng, [0, 0, 0, 1, 2, 3, -1])
+    aligned, clockwise = bool(rng.random() < 0.6), bool(rng.random() < 0.5)
+    invalid = pick(rng, RAR_INVALID) if rng.random() < 0.35 else None
+    edges = [e for e in RAR_EDGES if front_end == "torch" or e not in ("channels_last", "strided")]
+    edge = pick(rng, edges) if invalid is None else "none"
+    if edge == "no_rois":
+        k = 0
+    elif edge == "no_images":
+        n = k = 0
+    elif edge == "last_image":
+        n = max(n, 2)
+    elif edge == "tiny_unaligned":
+        aligned = False
+    elif edge == "adaptive_large":  # adaptive grids of up to ~150 x 150 points per bin
+        ratio, oh, ow, c = pick(rng, [0, -1]), int(rng.integers(1, 3)), int(rng.integers(1, 3)), 2
+        k = int(rng.integers(1, 3))
+    elif edge == "unit_row":
+        h = 1
+    elif edge == "unit_col":
+        w = 1
+    elif edge == "max_sampling":  # 256 x 256 = 65536 points per bin, the most allowed
+        ratio, oh, ow, k, c = 256, 1, 1, int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    elif edge == "max_output":
+        oh, ow = pick(rng, [(1024, 1), (1, 1024), (1024, 2)])
+        ratio, k, c = 1, 1, 1
+    elif edge == "no_channels":
+        c = 0
+    # rois in input-image units (the op multiplies by spatial_scale): centres on and around the map, sizes up to
+    # 1.5x the map, any angle
+    span_x, span_y = w / scale, h / scale
+    rois = np.stack([rng.integers(0, max(n, 1), size=k).astype(np.float64),
+                     rng.uniform(-1, span_x + 1, size=k), rng.uniform(-1, span_y + 1, size=k),
+                     rng.uniform(0.2, 1.5 * max(span_x, span_y), size=k),
+                     rng.uniform(0.2, 1.5 * max(span_x, span_y), size=k), rng.uniform(-4, 4, size=k)], axis=1)
+    some = rng.random(k) < 0.5  # the rows an edge changes (at least one)
+    if k:
+        some[int(rng.integers(k))] = True
+    if edge == "last_image":
+        rois[:, 0] = n - 1
+    elif edge == "outside":  # whole rois off the map, half a diagonal and more away
+        reach = np.maximum(rois[:, 3], rois[:, 4]) + 4 / scale
+        side = rng.integers(0, 4, size=k)
+        rois[:, 1] = np.where(side == 0, -reach, np.where(side == 1, span_x + reach, rois[:, 1]))
+        rois[:, 2] = np.where(side == 2, -reach, np.where(side == 3, span_y + reach, rois[:, 2]))
+    elif edge == "partly_outside":  # centres near the map's edges
+        rois[some, 1] = rng.choice([0.0, span_x], size=int(some.sum())) + rng.uniform(-1, 1, size=int(some.sum()))
+    elif edge == "zero_size":
+        rois[some, 3 + int(rng.integers(2))] = 0.0
+        if rng.random() < 0.5:
+            rois[some, 3:5] = 0.0
+    elif edge == "tiny_unaligned":  # clamped to 1 x 1 feature pixels
+        rois[some, 3:5] = rng.uniform(-5, 0.9, size=(int(some.sum()), 2)) / scale
+    elif edge == "huge_angle":
+        rois[some, 5] = [big(dtype, pick(rng, [1e30, -1e30, 1e20, 3e38, -3e38])) for _ in range(int(some.sum()))]
+    elif edge == "right_angles":
+        rois[:, 5] = rng.integers(-4, 5, size=k) * (math.pi / 2)
+    elif edge == "adaptive_large":
+        rois[:, 3:5] = rng.uniform(40, 150, size=(k, 2)) / scale
+    elif edge == "max_sampling":
+        rois[:, 3:5] = rng.uniform(0.5, 4, size=(k, 2)) / scale
+    if invalid is None and ratio <= 0:  # keep adaptive grids within the reference's means: about a million points
+        bins = np.ceil(np.maximum(rois[:, 3] * scale, 1) / ow) * np.ceil(np.maximum(rois[:, 4] * scale, 1) / oh)
+        if float(bins.sum()) * oh * ow > 1e6:
+            ratio = 2
+    rshape = [k, 6]
+    ishape = [n, c, h, w]
+    dts = dict(input=dtype, rois=dtype)
+    row = col = None
+    if invalid in ("nonfinite", "batch_index", "negative_size", "grid_too_big"):
+        k = max(k, 1)
+        if rois.shape[0] == 0:
+            rois = np.array([[0, span_x / 2, span_y / 2, 1.0, 1.0, 0.0]])
+        rshape = [k, 6]
+        row = int(rng.integers(k))
+        rois[:row, 0] = np.clip(rois[:row, 0], 0, n - 1)
+        if invalid == "nonfinite":
+            j = int(rng.integers(1, 6))
+            col = RAR_COLUMNS[j]
+            rois[row, j] = pick(rng, [math.nan, math.inf, -math.inf])
+        elif invalid == "batch_index":
+            rois[row, 0] = pick(rng, [-1.0, float(n), n + 1.0, 0.5, n - 0.5, 1e30, -1e30, math.nan, math.inf])
+        elif invalid == "negative_size":
+            aligned = True
+            rois[row, 3 + int(rng.integers(2))] = -float(rng.uniform(0.01, 5))
+        else:  # an adaptive grid of more than 65536 points per bin
+            ratio = pick(rng, [0, -1])
+            if rng.random() < 0.5 or dtype == torch.float16:
+                rois[row, 3:5] = big(dtype, 1e9)
+            else:
+                rois[row, 3 + int(rng.integers(2))] = 1e9
+        rows_after = rois[row + 1:]  # later rows stay valid: the message names the first bad row
+        rows_after[:, 1:5] = np.nan_to_num(rows_after[:, 1:5])
+        rows_after[:, 3:5] = np.clip(np.abs(rows_after[:, 3:5]), 0, 100)
+    elif invalid == "no_images":
+        n, k, rshape = 0, max(k, 1), [max(k, 1), 6]
+        rois = np.resize(rois, (k, 6)) if rois.size else np.array([[0, 1.0, 1.0, 1.0, 1.0, 0.0]] * k)
+        rois[:, 0] = 0
+        ishape = [0, c, h, w]
+    elif invalid == "input_rank":
+        ishape = pick(rng, [ishape[1:], ishape + [1], [h * w], []])
+    elif invalid == "rois_shape":
+        rshape = pick(rng, [[k, 5], [k, 7], [6], [1, k, 6], [k, 0], []])
+    elif invalid == "empty_map":
+        ishape = pick(rng, [[n, c, 0, w], [n, c, h, 0], [n, c, 0, 0]])
+    elif invalid == "dtype_mismatch":
+        dts[pick(rng, ["input", "rois"])] = pick(rng, [t for t in dtypes if t != dtype])
+    elif invalid == "int_dtype":
+        dts["input"] = dts["rois"] = pick(rng, [torch.int32, torch.int64])
+    elif invalid == "output_size":
+        bad = pick(rng, [0, -1, 1025, 2000, -2**31])
+        oh, ow = (bad, ow) if rng.random() < 0.5 else (oh, bad)
+    elif invalid == "spatial_scale":
+        scale = pick(rng, [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0])
+    elif invalid == "sampling_ratio":
+        ratio = pick(rng, [257, 1000, 2**31, 2**40, INT64_MAX])
+    why = RAR_WHY.get(invalid)
+    if why and row is not None:
+        why = why.format(row=row, col=col)
+    if front_end == "ort" and invalid in RAR_WHY_ORT:
+        why = RAR_WHY_ORT[invalid]
+    call = pick(rng, RAR_CALLS) if front_end == "torch" else "ort"
+
+    x = torch.randn(ishape, dtype=torch.float64)
+    r = torch.from_numpy(np.ascontiguousarray(rois, dtype=np.float64))
+    if list(r.shape) != rshape:  # a shape the op refuses: the same numbers (or any) in that shape
+        r = torch.rand(rshape, dtype=torch.float64)
+    x = x.to(dts["input"]) if dts["input"].is_floating_point else (x * 4).to(dts["input"])
+    r = r.to(dts["rois"]) if dts["rois"].is_floating_point else r.to(dts["rois"])
+    values = [x, r, oh, ow, scale, ratio, aligned, clockwise]
+    shown = r.double().flatten()[:24].tolist() if r.dim() == 2 and r.shape[1] == 6 and r.numel() else list(r.shape)
+    desc = (f"dtype={str(dtype)[6:]} input={list(x.shape)} rois={list(r.shape)} output_size=({oh}, {ow}) "
+            f"spatial_scale={scale} sampling_ratio={ratio} aligned={aligned} clockwise={clockwise} invalid={invalid} "
+            f"edge={edge} call={call} rois_values={[round(v, 4) for v in shown]}"
+            + (f" dtypes={ {k: str(v)[6:] for k, v in dts.items()} }" if invalid in ("dtype_mismatch", "int_dtype")
+               else ""))
+    return desc, values, invalid, why, edge, call
+
+
+def rar_reference(values, x=None):
+    """opforge.ops.roi_align_rotated._reference (numpy, float64) on the op's arguments (x: another input)."""
+    from opforge.ops.roi_align_rotated import _reference
+
+    inp, rois, oh, ow, scale, ratio, aligned, clockwise = values
+    x = inp.detach() if x is None else x
+    (out,) = _reference(x.double().numpy(), rois.double().numpy(), output_height=oh, output_width=ow,
+                        spatial_scale=scale, sampling_ratio=ratio, aligned=aligned, clockwise=clockwise)
+    return torch.from_numpy(out)
+
+
+def rar_unstable_bins(values):
+    """(K, oh, ow) bool: the bins whose value depends on float rounding, so that the kernels (which compute in
+    float32 for every dtype but float64) and the float64 reference may rightly differ: a sampling point within
+    rounding of the border of [-1, H] x [-1, W] (inside it samples the edge pixels, outside nothing), or an adaptive
+    grid whose bin size is within rounding of an integer (the grid is ceil(bin size) points)."""
+    inp, rois, oh, ow, scale, ratio, aligned, clockwise = values
+    h, w = inp.shape[2], inp.shape[3]
+    rel = 1e-9 if inp.dtype == torch.float64 else 2e-5
+    scale = float(np.float32(scale))
+    unstable = np.zeros((rois.shape[0], oh, ow), dtype=bool)
+    for k, (_, cx, cy, rw, rh, theta) in enumerate(rois.double().numpy()):
+        theta = -theta if clockwise else theta
+        off = 0.5 if aligned else 0.0
+        cx, cy, rw, rh = cx * scale - off, cy * scale - off, rw * scale, rh * scale
+        if not aligned:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        eps = rel * (1 + abs(cx) + abs(cy) + abs(rw) + abs(rh))
+        bin_h, bin_w = rh / oh, rw / ow
+        if ratio <= 0 and inp.dtype != torch.float64:  # the bin sizes as the float32 kernels compute them
+            f32 = np.float32
+            size32 = [f32(v) * f32(scale) for v in rois[k, 3:5].double().numpy()]
+            size32 = [v if aligned else max(v, f32(1)) for v in size32]
+            if math.ceil(size32[0] / f32(ow)) != math.ceil(bin_w) or math.ceil(size32[1] / f32(oh)) != math.ceil(bin_h):
+                unstable[k] = True
+                continue
+        gh = ratio if ratio > 0 else int(math.ceil(bin_h))
+        gw = ratio if ratio > 0 else int(math.ceil(bin_w))
+        if gh * gw == 0:
+            continue
+        yy = -rh / 2 + (np.arange(oh)[:, None] * bin_h + (np.arange(gh)[None, :] + 0.5) * bin_h / gh)
+        xx = -rw / 2 + (np.arange(ow)[:, None] * bin_w + (np.arange(gw)[None, :] + 0.5) * bin_w / gw)
+        yy, xx = yy[:, :, None, None], xx[None, None, :, :]
+        py = yy * math.cos(theta) - xx * math.sin(theta) + cy
+        px = yy * math.sin(theta) + xx * math.cos(theta) + cx
+        near = ((np.abs(py + 1) < eps) | (np.abs(py - h) < eps)) & (px >= -1 - eps) & (px <= w + eps)
+        near |= ((np.abs(px + 1) < eps) | (np.abs(px - w) < eps)) & (py >= -1 - eps) & (py <= h + eps)
+        unstable[k] = near.any(axis=(1, 3))
+    return torch.from_numpy(unstable)
+
+
+def rar_grid_points(values):
+    """The most sampling points any bin has (ceil(bin size) per axis when adaptive)."""
+    inp, rois, oh, ow, scale, ratio, aligned, clockwise = values
+    if ratio > 0 or not rois.shape[0]:
+        return ratio * ratio
+    sizes = rois[:, 3:5].double() * float(np.float32(scale))
+    sizes = sizes if aligned else sizes.clamp(min=1.0)
+    return int(((sizes[:, 0] / ow).ceil() * (sizes[:, 1] / oh).ceil()).max())
+
+
+def rar_layout(t, edge):
+    if edge == "channels_last" and t.dim() == 4:
+        return t.to(memory_format=torch.channels_last)
+    if edge == "strided" and t.dim() >= 1:  # every other element of a wider tensor (the rois too)
+        return torch.stack([t, t], dim=-1)[..., 0]
+    return t
+
+
+def run_rar_torch(values, edge, call, valid, rng):
+    x = values[0]
+    grad = valid and x.dtype in (torch.float32, torch.float64) and rng.random() < 0.5
+    if grad:
+        values = [values[0].detach().clone().requires_grad_()] + values[1:]
+    inp, rois = rar_layout(values[0], edge), rar_layout(values[1], edge)
+    oh, ow, scale, ratio, aligned, clockwise = values[2:]
+    if call == "op":
+        y = torch.ops.opforge.roi_align_rotated(inp, rois, *values[2:])
+    elif call == "function":
+        y = opforge.RoIAlignRotatedFunction.apply(inp, rois, (oh, ow), scale, ratio, aligned, clockwise)
+    elif call == "module":
+        y = opforge.RoIAlignRotated((oh, ow), scale, ratio, aligned, clockwise)(inp, rois)
+    else:
+        y = opforge.roi_align_rotated(inp, rois, (oh, ow), scale, ratio, aligned, clockwise)
+    return y, grad, values
+
+
+# ---- nms_rotated / batched_nms_rotated -------------------------------------------------------------
+
+NMS_INVALID = ["nonfinite", "nan_score", "boxes_shape", "scores_shape", "idxs_shape", "idxs_dtype", "threshold",
+               "dtype_mismatch", "int_dtype"]
+NMS_WHY = {
+    "nonfinite": r"boxes row {row} has a non-finite {col}", "nan_score": r"scores\[{row}\] is NaN",
+    "boxes_shape": r"boxes must be 2-D \(N, 5\)", "scores_shape": r"scores must be 1-D \(N,\)",
+    "idxs_shape": r"idxs must be 1-D \(N,\)", "idxs_dtype": "idxs (has dtype|must hold integer)",
+    "threshold": r"iou_threshold must be in \[0, 1\]", "dtype_mismatch": "scores has dtype .* but boxes has dtype",
+    "int_dtype": "boxes has dtype",
+}
+NMS_WHY_ORT = {"dtype_mismatch": "share one element type", "int_dtype": "which it does not take",
+               "idxs_dtype": "which it does not take"}
+NMS_EDGES = ["none", "none", "none", "empty", "single", "ties", "duplicates", "degenerate", "huge_angle", "huge_coords",
+             "far_boxes", "threshold_0", "threshold_1", "many_classes", "right_angles", "grid_aligned", "inf_scores",
+             "nested", "many_boxes", "many_blocks", "strided"]
+NMS_COLUMNS = ["cx", "cy", "w", "h", "angle"]
+NMS_GREEDY_MAX = 16  # boxes up to which nms_check also runs _greedy (all pairs: ~0.2 ms each)
+
+
+def nms_case(rng, front_end):
+    """(description, values, invalid, why, edge, call): values are the torch op's arguments (nms_rotated's, or
+    batched_nms_rotated's when there are idxs)."""
+    dtypes = [torch.float32] * 3 + [torch.float64, torch.float16] + ([torch.bfloat16] if front_end == "torch" else [])
+    dtype = pick(rng, dtypes)
+    batched = bool(rng.random() < 0.5)
+    n = int(rng.integers(2, 13))
+    threshold = pick(rng, [float(rng.uniform(0.05, 0.95)), 0.5, 0.3, 0.7, 0.1])
+    invalid = pick(rng, [v for v in NMS_INVALID if batched or not v.startswith("idxs")]) if rng.random() < 0.3 else None
+    edges = [e for e in NMS_EDGES if (batched or e != "many_classes") and (front_end == "torch" or e != "strided")]
+    edge = pick(rng, edges) if invalid is None else "none"
+    if edge == "empty":
+        n = 0
+    elif edge == "single":
+        n = 1
+    elif edge == "many_boxes":
+        n = int(rng.integers(30, 61))
+    elif edge == "many_blocks":  # past the CPU kernel's blocks of 64 visited boxes, and its tasks of 256 (threads)
+        n = int(rng.integers(65, 200)) if rng.random() < 0.7 else int(rng.integers(321, 420))
+    elif edge == "threshold_0":
+        threshold = 0.0
+    elif edge == "threshold_1":
+        threshold = 1.0
+    # boxes in one to three clusters, so that many overlap (many boxes: more clusters, further apart)
+    centres = rng.uniform(0, 30, size=(int(rng.integers(1, 4)), 2)) if n < 30 else \
+        rng.uniform(0, 80, size=(int(rng.integers(3, 9)), 2)) if n <= 60 else \
+        rng.uniform(0, 40 * math.sqrt(n), size=(n // 4, 2))  # clusters of about four boxes, scattered
+    boxes = np.concatenate([centres[rng.integers(len(centres), size=n)] + rng.normal(0, 1.5, size=(n, 2)),
+                            rng.uniform(1, 6, size=(n, 2)), rng.uniform(-math.pi, math.pi, size=(n, 1))], axis=1)
+    scores = rng.random(n)
+    labels = rng.integers(0, int(rng.integers(1, 4)), size=n)
+    some = rng.random(n) < 0.4
+    if n:
+        some[int(rng.integers(n))] = True
+    if edge == "ties":
+        scores = rng.choice([0.2, 0.5, 0.5, 0.9], size=n)
+    elif edge == "duplicates":  # exact copies of other rows, with the same score or not
+        src = rng.integers(n, size=n)
+        boxes[some] = boxes[src[some]]
+        if rng.random() < 0.5:
+            scores[some] = scores[src[some]]
+        labels[some] = labels[src[some]] if rng.random() < 0.7 else labels[some]
+    elif edge == "degenerate":  # w or h zero or negative: never suppresses, never suppressed
+        boxes[some, 2 + int(rng.integers(2))] = pick(rng, [0.0, -1.0, -0.0, -1e-3])
+    elif edge == "huge_angle":
+        boxes[some, 4] = [big(dtype, pick(rng, [1e30, -1e30, 1e20, 3e38])) for _ in range(int(some.sum()))]
+    elif edge == "huge_coords":  # the whole scene scaled up (IoU does not change)
+        boxes[:, :4] *= 2000.0 if dtype == torch.float16 else pick(rng, [1e29, 1e15, 3e36])
+    elif edge == "far_boxes":  # some boxes far away, each at its own place
+        far = 3e4 if dtype == torch.float16 else pick(rng, [1e30, 1e20])
+        step = 2e3 if dtype == torch.float16 else far
+        where = np.flatnonzero(some)
+        boxes[where, int(rng.integers(2))] = far * pick(rng, [1, -1]) + step * np.arange(len(where))
+    elif edge == "right_angles":
+        boxes[:, 4] = rng.integers(-4, 5, size=n) * (math.pi / 2)
+    elif edge == "grid_aligned":  # integer corners, axis-aligned: shared edges and touching boxes
+        boxes[:, :4] = np.round(boxes[:, :4])
+        boxes[:, 2:4] = np.maximum(boxes[:, 2:4], 1) * 2
+        boxes[:, 4] = 0.0
+    elif edge == "inf_scores":
+        scores[some] = rng.choice([math.inf, -math.inf], size=int(some.sum()))
+    elif edge == "nested":  # boxes inside others (same centre and angle, smaller)
+        src = rng.integers(n, size=n)
+        boxes[some] = boxes[src[some]]
+        boxes[some, 2:4] *= rng.uniform(0.2, 1.0, size=(int(some.sum()), 1))
+    elif edge == "many_classes":
+        labels = rng.choice([0, 1, -1, 999, 2**40, 2**62, -2**63, INT64_MAX], size=n) if rng.random() < 0.5 else \
+            rng.integers(0, 1000, size=n)
+    shapes = dict(boxes=[n, 5], scores=[n], idxs=[n])
+    dts = dict(boxes=dtype, scores=dtype, idxs=torch.int64)
+    row = col = None
+    call = pick(rng, ["op", "wrapper"] + (["wrapper_float_idxs"] if batched else [])) if front_end == "torch" else "ort"
+    if call == "wrapper_float_idxs" and (invalid is not None or np.abs(labels).max(initial=0) >= 2**24):
+        call = "wrapper"
+    if invalid in ("nonfinite", "nan_score"):
+        n = max(n, 1)
+        if boxes.shape[0] == 0:
+            boxes, scores, labels = np.array([[0, 0, 1.0, 1.0, 0.0]]), np.array([0.5]), np.array([0])
+        shapes = dict(boxes=[n, 5], scores=[n], idxs=[n])
+        row = int(rng.integers(n))
+        boxes[row + 1:] = np.nan_to_num(boxes[row + 1:])  # only the row named is bad
+        if invalid == "nonfinite":
+            j = int(rng.integers(5))
+            col = NMS_COLUMNS[j]
+            boxes[row, j] = pick(rng, [math.nan, math.inf, -math.inf])
+        else:
+            scores[row] = math.nan
+    elif invalid == "boxes_shape":
+        shapes["boxes"] = pick(rng, [[n, 4], [n, 6], [n], [1, n, 5], [5 * n], []])
+    elif invalid == "scores_shape":
+        shapes["scores"] = pick(rng, [[n + 1], [n, 1], [1, n]] + ([[n - 1]] if n else []) + ([[]] if n != 1 else []))
+    elif invalid == "idxs_shape":
+        shapes["idxs"] = pick(rng, [[n + 1], [n, 1], [1, n]] + ([[n - 1]] if n else []) + ([[]] if n != 1 else []))
+    elif invalid == "idxs_dtype":
+        if call == "wrapper":  # the wrapper converts integer-valued idxs: these are not
+            dts["idxs"] = pick(rng, [torch.float32, torch.float64])
+            labels = labels + 0.5
+        else:
+            dts["idxs"] = pick(rng, [torch.int32, torch.float32, torch.float64, torch.uint8, torch.bool])
+    elif invalid == "threshold":
+        threshold = pick(rng, [-0.5, 2.0, math.nan, math.inf, -math.inf, -1e-3, 1.5])
+    elif invalid == "dtype_mismatch":
+        dts[pick(rng, ["boxes", "scores"])] = pick(rng, [t for t in dtypes if t != dtype])
+    elif invalid == "int_dtype":
+        dts["boxes"] = dts["scores"] = pick(rng, [torch.int32, torch.int64])
+    why = NMS_WHY.get(invalid)
+    if why and row is not None:
+        why = why.format(row=row, col=col)
+    if front_end == "ort" and invalid in NMS_WHY_ORT:
+        why = NMS_WHY_ORT[invalid]
+
+    def make(name, data):
+        t = torch.from_numpy(np.asarray(data, dtype=np.float64))
+        if list(t.shape) != shapes[name]:  # a shape the op refuses: the same numbers (or any) in that shape
+            t = t.reshape(shapes[name]) if t.numel() == math.prod(shapes[name]) else torch.rand(shapes[name])
+        if name == "idxs":
+            return t.to(dts[name]) if dts[name].is_floating_point else t.to(torch.int64).to(dts[name])
+        return t.to(dts[name]) if dts[name].is_floating_point else (t * 4).to(dts[name])
+
+    values = [make("boxes", boxes), make("scores", scores)]
+    if batched:
+        values.append(torch.from_numpy(labels) if dts["idxs"] == torch.int64 and shapes["idxs"] == [n]
+                      else make("idxs", labels))
+    values.append(threshold)
+    shown = values[0].double().flatten()[:20].tolist()
+    desc = (f"{'batched_' if batched else ''}nms_rotated dtype={str(dtype)[6:]} boxes={list(values[0].shape)} "
+            f"scores={list(values[1].shape)} " + (f"idxs={list(values[2].shape)} " if batched else "")
+            + f"iou_threshold={threshold} invalid={invalid} edge={edge} call={call} "
+            f"boxes_values={[float(f'{v:.4g}') for v in shown]}"
+            + (f" dtypes={ {k: str(v)[6:] for k, v in dts.items()} }"
+               if invalid in ("dtype_mismatch", "int_dtype", "idxs_dtype") else ""))
+    return desc, values, invalid, why, edge, call
+
+
+def nms_check(keep, values):
+    """keep (the op's result) against the greedy algorithm with opforge.ops.nms_rotated's numpy IoU (float64, by
+    another construction than the kernels'), two ways. The replay: walking the boxes by decreasing score (ties:
+    lower index first), keep must hold exactly the boxes whose IoU with every box kept before them (of their
+    category) is <= threshold, up to ties (|IoU - threshold| <= 1e-9, either way); boxes whose circumscribed
+    circles are apart are not compared (IoU 0). And for N <= NMS_GREEDY_MAX, keep must equal _greedy's answer
+    unless the replay met a tie. Returns "exact" or "tie"."""
+    from opforge.ops.nms_rotated import _greedy, _iou
+
+    boxes, scores = values[0].double().numpy(), values[1].double().numpy()
+    labels = values[2].numpy() if len(values) == 4 else None
+    threshold = float(np.float32(values[-1]))
+    if keep.dtype != torch.int64 or keep.dim() != 1:
+        raise CaseFailure(f"result has dtype {keep.dtype} and shape {list(keep.shape)}, not int64 (n,)")
+    got = keep.tolist()
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    position = {i: p for p, i in enumerate(order)}
+    if len(set(got)) != len(got) or any(i not in position for i in got) or \
+            [position[i] for i in got] != sorted(position[i] for i in got):
+        raise CaseFailure(f"kept {got}: not distinct boxes in decreasing score")
+    radius = 0.5 * np.hypot(boxes[:, 2], boxes[:, 3])
+    chosen, kept, tie = set(got), [], False
+    for i in order:
+        others = np.array(kept, dtype=np.int64)
+        if labels is not None:
+            others = others[labels[others] == labels[i]]
+        others = others[np.hypot(boxes[others, 0] - boxes[i, 0], boxes[others, 1] - boxes[i, 1])
+                        <= (radius[others] + radius[i]) * (1 + 1e-6)]
+        top = max((_iou(boxes[j], boxes[i]) for j in others), default=0.0)
+        tie = tie or (len(others) > 0 and abs(top - threshold) <= 1e-9)
+        if i in chosen and top > threshold + 1e-9:
+            raise CaseFailure(f"kept {got}: box {i} is kept though its IoU with a kept box is {top!r} > {threshold!r}")
+        if i not in chosen and not top > threshold - 1e-9:
+            raise CaseFailure(f"kept {got}: box {i} is dropped though its IoU with every kept box is <= {top!r} "
+                              f"(threshold {threshold!r})")
+        if i in chosen:
+            kept.append(i)
+    if len(scores) <= NMS_GREEDY_MAX:
+        want = _greedy(boxes, scores, labels, values[-1]).tolist()
+        if got != want and not tie:
+            raise CaseFailure(f"kept {got}, opforge.ops.nms_rotated._greedy {want}")
+    return "tie" if tie else "exact"
+
+
+def run_nms_torch(values, edge, call):
+    with ms_threads("many_queries" if values[0].dim() == 2 and values[0].shape[0] > 320 else edge):  # tasks split
+        return run_nms_torch_call(values, edge, call)
+
+
+def run_nms_torch_call(values, edge, call):
+    if edge == "strided":
+        values = [torch.stack([v, v], dim=-1)[..., 0] if isinstance(v, torch.Tensor) else v for v in values]
+    if len(values) == 4:
+        if call == "op":
+            return torch.ops.opforge.batched_nms_rotated(*values)
+        idxs = values[2].double() if call == "wrapper_float_idxs" else values[2]
+        return opforge.batched_nms_rotated(values[0], values[1], idxs, values[3])
+    fn = torch.ops.opforge.nms_rotated if call == "op" else opforge.nms_rotated
+    return fn(*values)
+
+
 # ---- targets ---------------------------------------------------------------------------------------
 
 def check_error(exc, op, front_end):
@@ -601,6 +1088,81 @@ def case_ms_deform_attn(rng, front_end):
                 raise CaseFailure(f"no gradient of {name}")
             compare(values[i].grad, ref, dtype, f"grad of {name}")
     yield f"ok {edge}" + (" +grad" if grad else "")
+
+
+def case_roi_align_rotated(rng, front_end):
+    desc, values, invalid, why, edge, call = rar_case(rng, front_end)
+    yield desc
+    try:
+        if front_end == "torch":
+            y, grad, values = run_rar_torch(values, edge, call, invalid is None, rng)
+        else:
+            y, grad = run_in_ort(find("roi_align_rotated"), values), False
+    except Exception as e:  # noqa: BLE001 (any exception is judged below)
+        if invalid is None:
+            raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
+        check_error(e, "opforge::roi_align_rotated: " if front_end == "torch" else
+                    "roi_align_rotated" if invalid in RAR_WHY_ORT else "opforge::roi_align_rotated: ", front_end)
+        if front_end == "torch" and not str(e).startswith("opforge::roi_align_rotated: "):
+            raise CaseFailure(f"error does not start with the op: {type(e).__name__}: {str(e)[:300]}")
+        if why and not re.search(why, str(e)):
+            raise CaseFailure(f"error does not say why ({why!r}): {type(e).__name__}: {str(e)[:300]}")
+        yield "rejected"
+        return
+    if invalid is not None:
+        raise CaseFailure(f"invalid case ({invalid}) returned a result of shape {list(y.shape)} instead of an error")
+    dtype = values[0].dtype
+    if y.dtype != dtype:
+        raise CaseFailure(f"output has dtype {y.dtype}, inputs {dtype}")
+    want = rar_reference(values)
+    unstable = rar_unstable_bins(values)[:, None].expand(want.shape)  # (K, 1, oh, ow) -> (K, C, oh, ow)
+    got = y.detach().double()
+    if got.shape == want.shape:
+        got, want = got.masked_fill(unstable, 0.0), want.masked_fill(unstable, 0.0)
+    # a bin is the mean of up to 65536 points, summed in float32 (16-bit inputs too): rounding grows with them
+    tol = max(tolerance(dtype), 2e-8 * rar_grid_points(values)) if dtype != torch.float64 else None
+    compare(got, want, dtype, "output", tol)
+    if grad:
+        # the op is linear in input, so its backward is the transpose: <grad, v> = <upstream, op(v)> for any v
+        # (with the reference as op). The upstream gradient is 0 on the bins rounding may decide.
+        upstream = torch.randn(y.shape, dtype=torch.float64).masked_fill(unstable, 0.0)
+        (y * upstream.to(dtype)).sum().backward()
+        g = values[0].grad
+        if g is None or g.shape != values[0].shape:
+            raise CaseFailure(f"input's gradient is {None if g is None else list(g.shape)}")
+        for _ in range(2 if g.numel() else 0):
+            v = torch.randn(values[0].shape, dtype=torch.float64)
+            lhs, rhs = float((g.double() * v).sum()), float((upstream * rar_reference(values, v)).sum())
+            bound = (tol or tolerance(dtype)) * (1 + float(g.double().abs().sum()) * float(v.abs().max()))
+            if abs(lhs - rhs) > bound:
+                raise CaseFailure(f"grad of input: <grad, v> = {lhs:.6g}, <upstream, reference(v)> = {rhs:.6g}")
+    yield f"ok {edge}" + (" +grad" if grad else "") + (" (unstable bins skipped)" if unstable.any() else "")
+
+
+def case_nms_rotated(rng, front_end):
+    desc, values, invalid, why, edge, call = nms_case(rng, front_end)
+    yield desc
+    batched = len(values) == 4
+    op = "opforge::batched_nms_rotated" if batched else "opforge::nms_rotated"
+    try:
+        if front_end == "torch":
+            keep = run_nms_torch(values, edge, call)
+        else:
+            keep = run_in_ort(find("batched_nms_rotated" if batched else "nms_rotated"), values)
+    except Exception as e:  # noqa: BLE001 (any exception is judged below)
+        if invalid is None:
+            raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
+        check_error(e, op[9:] if front_end == "ort" and invalid in NMS_WHY_ORT else op + ": ", front_end)
+        if front_end == "torch" and not str(e).startswith(op + ": "):
+            raise CaseFailure(f"error does not start with the op: {type(e).__name__}: {str(e)[:300]}")
+        if why and not re.search(why, str(e)):
+            raise CaseFailure(f"error does not say why ({why!r}): {type(e).__name__}: {str(e)[:300]}")
+        yield "rejected"
+        return
+    if invalid is not None:
+        raise CaseFailure(f"invalid case ({invalid}) returned {keep.tolist()[:20]} instead of an error")
+    how = nms_check(keep, values)
+    yield f"ok {edge}" + (" (threshold ties)" if how == "tie" else "")
 
 
 def case_my_add(rng, front_end):
@@ -716,7 +1278,8 @@ def case_aten(rng, front_end):
     yield "ok"
 
 
-CASES = {"deform_conv2d": case_deform, "ms_deform_attn": case_ms_deform_attn, "my_add": case_my_add,
+CASES = {"deform_conv2d": case_deform, "ms_deform_attn": case_ms_deform_attn,
+         "roi_align_rotated": case_roi_align_rotated, "nms_rotated": case_nms_rotated, "my_add": case_my_add,
          "aten": case_aten}
 
 
