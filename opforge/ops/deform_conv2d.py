@@ -26,7 +26,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from .. import spec as _spec
 from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C, Untraced
+from ._registry import _C, Untraced, run_shape_rule
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
 
@@ -78,14 +78,8 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
 
 
 def _output_shape(*args):
-    # A shape computation, not tensor work: run it outside any dispatch mode (fake, functionalisation).
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        try:
-            return torch.ops.opforge._deform_conv2d_output_shape(*args)
-        except RuntimeError as e:  # the kernel's words; OpInputError is a RuntimeError too
-            raise OpInputError(str(e)) from None
+    """The kernels' shape rule (core check), as the kernels apply it."""
+    return run_shape_rule("_deform_conv2d_output_shape", *args)
 
 
 def _fake(input, weight, offset, mask, bias, *ints_and_mask):

@@ -32,7 +32,7 @@ import torch
 
 from .. import spec as _spec
 from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C, Untraced
+from ._registry import _C, Untraced, run_shape_rule
 
 _OP = "opforge::ms_deform_attn"
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -43,14 +43,8 @@ def _concrete(values) -> bool:
 
 
 def _output_shape(*shapes_and_step):
-    """The kernels' shape rule (core::ms_deform_attn_check_shapes), run outside any dispatch mode."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        try:
-            return torch.ops.opforge._ms_deform_attn_output_shape(*shapes_and_step)
-        except RuntimeError as e:  # the kernel's words
-            raise OpInputError(str(e)) from None
+    """The kernels' shape rule (core check), as the kernels apply it."""
+    return run_shape_rule("_ms_deform_attn_output_shape", *shapes_and_step)
 
 
 def _check(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):

@@ -36,21 +36,15 @@ import torch
 
 from .. import spec as _spec
 from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C
+from ._registry import _C, run_shape_rule
 
 _OP = "opforge::roi_align_rotated"
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _output_shape(*shapes_and_attrs):
-    """The kernels' shape rule (core::roi_align_rotated_check), run outside any dispatch mode."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        try:
-            return torch.ops.opforge._roi_align_rotated_output_shape(*shapes_and_attrs)
-        except RuntimeError as e:  # the kernel's words
-            raise OpInputError(str(e)) from None
+    """The kernels' shape rule (core check), as the kernels apply it."""
+    return run_shape_rule("_roi_align_rotated_output_shape", *shapes_and_attrs)
 
 
 def _fake(input, rois, output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise):

@@ -75,34 +75,14 @@ Ort::Status nms_compute(OrtKernelContext* ctx, float iou_threshold, const Ort::C
   return Ort::Status(nullptr);
 }
 
-template <typename T>
-struct NmsRotatedKernel {
-  float iou_threshold;
-  NmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      Ort::Custom::Tensor<int64_t>& keep) {
-    return nms_compute<T>(ctx, iou_threshold, boxes, scores, nullptr, keep);
-  }
-};
-
-template <typename T>
-struct BatchedNmsRotatedKernel {
-  float iou_threshold;
-  BatchedNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
-      : iou_threshold(check_nms_rotated_node(info, true)) {}
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
-    return nms_compute<T>(ctx, iou_threshold, boxes, scores, &idxs, keep);
-  }
-};
-
 }  // namespace
 
 static void append_nms_rotated_ops(std::vector<LiteOpPtr>& ops) {
   for_each_float_type([&](auto tag) {
     using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsRotatedKernel<T>>("nms_rotated", kCpuEp));
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T>>("batched_nms_rotated", kCpuEp));
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsRotatedKernel<T, nms_compute<T>>>("nms_rotated", kCpuEp));
+    ops.emplace_back(
+        Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T, nms_compute<T>>>("batched_nms_rotated", kCpuEp));
   });
 }
 

@@ -65,5 +65,32 @@ float check_nms_rotated_node(const OrtKernelInfo* info, bool batched);
 Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
                                const std::vector<int64_t>* labels, float iou_threshold, core::NmsRotatedParams& p);
 
+// The lite-op kernels of nms_rotated and batched_nms_rotated for one EP: Run is the EP's
+// computation, Run(ctx, iou_threshold, boxes, scores, labels or null, keep) -> Ort::Status.
+template <typename T, Ort::Status (*Run)(OrtKernelContext*, float, const Ort::Custom::Tensor<T>&,
+                                          const Ort::Custom::Tensor<T>&, const Ort::Custom::Tensor<int64_t>*,
+                                          Ort::Custom::Tensor<int64_t>&)>
+struct NmsRotatedKernel {
+  float iou_threshold;
+  NmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      Ort::Custom::Tensor<int64_t>& keep) {
+    return Run(ctx, iou_threshold, boxes, scores, nullptr, keep);
+  }
+};
+
+template <typename T, Ort::Status (*Run)(OrtKernelContext*, float, const Ort::Custom::Tensor<T>&,
+                                          const Ort::Custom::Tensor<T>&, const Ort::Custom::Tensor<int64_t>*,
+                                          Ort::Custom::Tensor<int64_t>&)>
+struct BatchedNmsRotatedKernel {
+  float iou_threshold;
+  BatchedNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
+      : iou_threshold(check_nms_rotated_node(info, true)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
+    return Run(ctx, iou_threshold, boxes, scores, &idxs, keep);
+  }
+};
+
 }  // namespace ort
 }  // namespace opforge

@@ -102,35 +102,16 @@ Ort::Status nms_compute_cuda(OrtKernelContext* ctx, float iou_threshold, const O
   return cuda_status(ce, op, "copying the kept indices to the device");
 }
 
-template <typename T>
-struct NmsRotatedCudaKernel {
-  float iou_threshold;
-  NmsRotatedCudaKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      Ort::Custom::Tensor<int64_t>& keep) {
-    return nms_compute_cuda<T>(ctx, iou_threshold, boxes, scores, nullptr, keep);
-  }
-};
-
-template <typename T>
-struct BatchedNmsRotatedCudaKernel {
-  float iou_threshold;
-  BatchedNmsRotatedCudaKernel(const OrtApi*, const OrtKernelInfo* info)
-      : iou_threshold(check_nms_rotated_node(info, true)) {}
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
-    return nms_compute_cuda<T>(ctx, iou_threshold, boxes, scores, &idxs, keep);
-  }
-};
-
 }  // namespace
 
 static void append_nms_rotated_cuda_ops(std::vector<LiteOpPtr>& ops) {
   for_each_float_type([&](auto tag) {
     using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsRotatedCudaKernel<T>>("nms_rotated", kCudaEp));
     ops.emplace_back(
-        Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedCudaKernel<T>>("batched_nms_rotated", kCudaEp));
+        Ort::Custom::CreateLiteCustomOp<NmsRotatedKernel<T, nms_compute_cuda<T>>>("nms_rotated", kCudaEp));
+    ops.emplace_back(
+        Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T, nms_compute_cuda<T>>>("batched_nms_rotated",
+                                                                                         kCudaEp));
   });
 }
 
