@@ -403,6 +403,8 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
                     extra_compile_args=cxx, extra_link_args=[f"-Wl,--version-script={ORT_EXPORTS_MAP}", *link],
                     py_limited_api=False)
     ext.opforge_plain_library = True  # build_ext names it libfoo.so and exports nothing Python needs
+    # A build without the companion removes one an earlier CUDA build left beside the library.
+    ext.opforge_stale_companion = f"{name.rsplit('.', 1)[-1]}_cuda.so" if cuda_sources and not with_cuda else None
     if with_cuda:
         libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
         part = f"{name}_cuda"
@@ -472,6 +474,8 @@ def build_ext(*, build_dir: Optional[str] = None):
             # compile out of place and copy the results into the tree.)
             if "bdist_wheel" in (self.distribution.commands or []):
                 ext.extra_link_args = [a for a in ext.extra_link_args if not a.startswith("-Wl,-rpath,/")]
+            if getattr(ext, "opforge_stale_companion", None):
+                self._remove_stale_companion(ext)
             if not getattr(ext, "opforge_cuda_part", False):
                 return super().build_extension(ext)
             # A companion compiles its library's sources again with other flags: objects of its own.
@@ -481,6 +485,23 @@ def build_ext(*, build_dir: Optional[str] = None):
                 return super().build_extension(ext)
             finally:
                 self.build_temp = build_temp
+
+        def _remove_stale_companion(self, ext):
+            """Deletes the CUDA companion of ``ext`` that this build does not make (an earlier CUDA
+            build's, e.g. before ``OPFORGE_CUDA=0``) wherever the library goes: the build output and,
+            for in-place and editable builds, the package in the source tree. Left there, it would
+            sit beside a library of another build."""
+            package = ext.name.rpartition(".")[0]
+            places = {os.path.dirname(self.get_ext_fullpath(ext.name))}
+            try:
+                places.add(self.get_finalized_command("build_py").get_package_dir(package))
+            except Exception:  # noqa: BLE001 - no build_py (a bare build_ext run): the output dir only
+                pass
+            for place in places:
+                stale = os.path.join(place, ext.opforge_stale_companion)
+                if os.path.isfile(stale):
+                    os.remove(stale)
+                    print(f"opforge.build: removed {stale}, a CUDA companion this build (no CUDA) does not make")
 
         def get_export_symbols(self, ext):
             return [] if getattr(ext, "opforge_plain_library", False) else super().get_export_symbols(ext)

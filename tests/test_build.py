@@ -206,11 +206,15 @@ def _env_without_library_path() -> dict:
 def test_setup_py_develop_builds_everything(tmp_path):
     src, venv = _clean_copy(tmp_path), _scratch_venv(tmp_path)
     python = str(venv / "bin" / "python")
+    ort_kernels = src / "opforge" / "ort_kernels"
+    # What an earlier CUDA build left: a build without CUDA must not leave it beside its library.
+    stale = ort_kernels / "libopforge_ort_cuda.so"
+    stale.write_bytes(b"an earlier build's companion")
     start = time.monotonic()
     build = subprocess.run([python, "setup.py", "develop"], cwd=src, env=_build_env("0"), capture_output=True, text=True)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(f"setup.py develop (OPFORGE_CUDA=0): {time.monotonic() - start:.0f} s")
-    ort_kernels = src / "opforge" / "ort_kernels"
+    assert not stale.exists(), "the stale CUDA companion is still beside the CPU-only library"
     assert (ort_kernels / "libopforge_ort.so").is_file() and (ort_kernels / "libopforge_aten.so").is_file()
     assert list((src / "opforge").glob("_C*.so"))
     # In place, beside the sources: libtorch is found through the absolute run path.
