@@ -137,6 +137,42 @@ def _in_eval_mode(model, dynamo: bool):
             module.training = training
 
 
+def _keep_submodule_modes_in_torchscript_export() -> None:
+    """Makes plain ``torch.onnx.export(..., dynamo=False)`` leave every submodule's training
+    flag as it was, as opforge.export does (_in_eval_mode). torch's TorchScript exporter sets the
+    export mode with its ``select_model_mode_for_export`` and restores it with
+    ``model.train(originally_training)``, which sets every submodule: a frozen eval-mode backbone
+    comes back training. The exporter looks the context manager up in its module at each export,
+    so wrapping it there records each submodule's flag before and puts them back after torch's
+    own restore. Installed once at ``import opforge``; a torch without that function is left as
+    it is."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils as ts_utils
+    except ImportError:  # another torch layout: nothing to fix here
+        return
+    original = getattr(ts_utils, "select_model_mode_for_export", None)
+    if original is None or getattr(original, "_opforge_keeps_submodule_modes", False):
+        return
+
+    @contextlib.contextmanager
+    def select_model_mode_for_export(model, mode):
+        flags = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
+        try:
+            with original(model, mode) as selected:
+                yield selected
+        finally:
+            for module, training in flags:
+                module.training = training
+
+    select_model_mode_for_export._opforge_keeps_submodule_modes = True
+    select_model_mode_for_export.__wrapped__ = original
+    select_model_mode_for_export.__doc__ = original.__doc__
+    ts_utils.select_model_mode_for_export = select_model_mode_for_export
+
+
+_keep_submodule_modes_in_torchscript_export()
+
+
 @contextlib.contextmanager
 def _quiet_untyped_custom_outputs(active: bool):
     """The dynamo exporter cannot type the outputs of multi-output custom nodes (ATen

@@ -385,3 +385,16 @@ def test_export_leaves_every_training_flag_and_buffer_as_it_was(dynamo):
     assert after.keys() == buffers.keys()
     for k, v in buffers.items():
         assert torch.equal(after[k], v), f"{k} changed by the export"
+
+
+def test_plain_torchscript_export_after_import_opforge_keeps_every_training_flag(tmp_path):
+    """torch's own TorchScript exporter restores with model.train(), which sets every submodule;
+    after `import opforge` it keeps each submodule's flag too."""
+    model = _FrozenBackboneDetector()
+    model.backbone.eval()
+    flags = {name: m.training for name, m in model.named_modules()}
+    torch.onnx.export(model, (torch.randn(2, 4, 8, 8),), str(tmp_path / "m.onnx"), dynamo=False, opset_version=17)
+    assert {name: m.training for name, m in model.named_modules()} == flags
+    model.eval()  # and an eval model stays eval
+    torch.onnx.export(model, (torch.randn(2, 4, 8, 8),), str(tmp_path / "m.onnx"), dynamo=False, opset_version=17)
+    assert not any(m.training for m in model.modules())
