@@ -114,22 +114,13 @@ def export(
 
 
 @contextlib.contextmanager
-def _in_eval_mode(model, dynamo: bool):
-    """Both exporters export inference models: the TorchScript exporter switches the model to
-    eval mode by itself (``training=TrainingMode.EVAL``), the dynamo exporter exports whatever mode
-    the model is in and warns. opforge.export gives both the TorchScript exporter's behaviour.
-
-    Afterwards every submodule gets back its own training flag, for both exporters: restoring
-    with ``model.train()`` (as torch's exporter does) would set them all, so a frozen eval-mode
-    backbone inside a training model, the usual detector, would come back training (Dropout on,
-    BatchNorm statistics updating). The flags are set directly, not through ``train()``, which
-    a module may override to do more."""
-    if not isinstance(model, torch.nn.Module):
-        yield
-        return
-    flags = [(module, module.training) for module in model.modules()]
-    if dynamo and model.training:
-        model.eval()
+def _training_flags_kept(model):
+    """Puts every submodule's own training flag back on exit. Restoring with ``model.train()``
+    (as torch's exporter does) would set them all, so a frozen eval-mode backbone inside a training
+    model, the usual detector, would come back training (Dropout on, BatchNorm statistics
+    updating). The flags are set directly, not through ``train()``, which a module may override
+    to do more."""
+    flags = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
     try:
         yield
     finally:
@@ -137,9 +128,21 @@ def _in_eval_mode(model, dynamo: bool):
             module.training = training
 
 
+@contextlib.contextmanager
+def _in_eval_mode(model, dynamo: bool):
+    """Both exporters export inference models: the TorchScript exporter switches the model to
+    eval mode by itself (``training=TrainingMode.EVAL``), the dynamo exporter exports whatever mode
+    the model is in and warns. opforge.export gives both the TorchScript exporter's behaviour, and
+    afterwards every submodule has its own training flag back (_training_flags_kept)."""
+    with _training_flags_kept(model):
+        if dynamo and isinstance(model, torch.nn.Module) and model.training:
+            model.eval()
+        yield
+
+
 def _keep_submodule_modes_in_torchscript_export() -> None:
     """Makes plain ``torch.onnx.export(..., dynamo=False)`` leave every submodule's training
-    flag as it was, as opforge.export does (_in_eval_mode). torch's TorchScript exporter sets the
+    flag as it was, as opforge.export does (_training_flags_kept). torch's TorchScript exporter sets the
     export mode with its ``select_model_mode_for_export`` and restores it with
     ``model.train(originally_training)``, which sets every submodule: a frozen eval-mode backbone
     comes back training. The exporter looks the context manager up in its module at each export,
@@ -156,13 +159,8 @@ def _keep_submodule_modes_in_torchscript_export() -> None:
 
     @contextlib.contextmanager
     def select_model_mode_for_export(model, mode):
-        flags = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
-        try:
-            with original(model, mode) as selected:
-                yield selected
-        finally:
-            for module, training in flags:
-                module.training = training
+        with _training_flags_kept(model), original(model, mode) as selected:
+            yield selected
 
     select_model_mode_for_export._opforge_keeps_submodule_modes = True
     select_model_mode_for_export.__wrapped__ = original

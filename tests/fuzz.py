@@ -1015,6 +1015,20 @@ def check_error(exc, op, front_end):
         raise CaseFailure(f"error does not name {op}: {type(exc).__name__}: {msg[:300]}")
 
 
+def check_rejection(exc, invalid, why, front_end, op, ort_names):
+    """An exception from a case: a valid case has failed; an invalid one must be refused with the
+    right words. In torch the message starts with ``op: ``; in ORT it holds ``ort_names`` (the
+    kernel's words, or ORT's own where it refuses first, e.g. an input type). ``why``: a pattern
+    the message must match, when the case says why it is invalid."""
+    if invalid is None:
+        raise CaseFailure(f"valid case failed: {type(exc).__name__}: {str(exc)[:400]}") from exc
+    check_error(exc, op + ": " if front_end == "torch" else ort_names, front_end)
+    if front_end == "torch" and not str(exc).startswith(op + ": "):
+        raise CaseFailure(f"error does not start with the op: {type(exc).__name__}: {str(exc)[:300]}")
+    if why and not re.search(why, str(exc)):
+        raise CaseFailure(f"error does not say why ({why!r}): {type(exc).__name__}: {str(exc)[:300]}")
+
+
 def case_deform(rng, front_end):
     desc, values, valid, edge = deform_case(rng, front_end)
     yield desc
@@ -1058,16 +1072,9 @@ def case_ms_deform_attn(rng, front_end):
         else:
             y, grad = run_in_ort(find("ms_deform_attn"), values), False
     except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        if invalid is None:
-            raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
-        # torch: the kernels' own message, which starts with the op; ORT: theirs too, or the front end's when
-        # it refuses a dtype
-        check_error(e, "opforge::ms_deform_attn: " if front_end == "torch" else
-                    "ms_deform_attn" if invalid == "dtype_mismatch" else "opforge::ms_deform_attn", front_end)
-        if front_end == "torch" and not str(e).startswith("opforge::ms_deform_attn: "):
-            raise CaseFailure(f"error does not start with the op: {type(e).__name__}: {str(e)[:300]}")
-        if why and not re.search(why, str(e)):
-            raise CaseFailure(f"error does not say why ({why!r}): {type(e).__name__}: {str(e)[:300]}")
+        # ORT: the kernels' message too, or the front end's when it refuses a dtype
+        check_rejection(e, invalid, why, front_end, "opforge::ms_deform_attn",
+                        "ms_deform_attn" if invalid == "dtype_mismatch" else "opforge::ms_deform_attn")
         yield "rejected"
         return
     if invalid is not None:
@@ -1099,14 +1106,8 @@ def case_roi_align_rotated(rng, front_end):
         else:
             y, grad = run_in_ort(find("roi_align_rotated"), values), False
     except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        if invalid is None:
-            raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
-        check_error(e, "opforge::roi_align_rotated: " if front_end == "torch" else
-                    "roi_align_rotated" if invalid in RAR_WHY_ORT else "opforge::roi_align_rotated: ", front_end)
-        if front_end == "torch" and not str(e).startswith("opforge::roi_align_rotated: "):
-            raise CaseFailure(f"error does not start with the op: {type(e).__name__}: {str(e)[:300]}")
-        if why and not re.search(why, str(e)):
-            raise CaseFailure(f"error does not say why ({why!r}): {type(e).__name__}: {str(e)[:300]}")
+        check_rejection(e, invalid, why, front_end, "opforge::roi_align_rotated",
+                        "roi_align_rotated" if invalid in RAR_WHY_ORT else "opforge::roi_align_rotated: ")
         yield "rejected"
         return
     if invalid is not None:
@@ -1150,13 +1151,7 @@ def case_nms_rotated(rng, front_end):
         else:
             keep = run_in_ort(find("batched_nms_rotated" if batched else "nms_rotated"), values)
     except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        if invalid is None:
-            raise CaseFailure(f"valid case failed: {type(e).__name__}: {str(e)[:400]}") from e
-        check_error(e, op[9:] if front_end == "ort" and invalid in NMS_WHY_ORT else op + ": ", front_end)
-        if front_end == "torch" and not str(e).startswith(op + ": "):
-            raise CaseFailure(f"error does not start with the op: {type(e).__name__}: {str(e)[:300]}")
-        if why and not re.search(why, str(e)):
-            raise CaseFailure(f"error does not say why ({why!r}): {type(e).__name__}: {str(e)[:300]}")
+        check_rejection(e, invalid, why, front_end, op, op[9:] if invalid in NMS_WHY_ORT else op + ": ")
         yield "rejected"
         return
     if invalid is not None:

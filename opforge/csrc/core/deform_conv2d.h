@@ -30,6 +30,7 @@
 #include "deform_conv2d_tap.h"
 #include "format.h"
 #include "gemm.h"
+#include "layout.h"
 
 namespace opforge {
 namespace core {
@@ -325,16 +326,6 @@ inline void im2col_nhwc_tile(const DeformConv2dParams& p, const T* input_nhwc, c
   }
 #endif
   im2col_nhwc_tile_base(p, input_nhwc, offset, mask, b, p0, count, colT, ldk);
-}
-
-// One image [C, H, W] -> [H, W, C] (cache-blocked transpose of a C x HW matrix).
-template <typename T>
-inline void nchw_to_nhwc(const T* src, T* dst, int64_t C, int64_t HW) {
-  constexpr int64_t kBlock = 32;
-  for (int64_t c0 = 0; c0 < C; c0 += kBlock)
-    for (int64_t p0 = 0; p0 < HW; p0 += kBlock)
-      for (int64_t c = c0; c < std::min(C, c0 + kBlock); ++c)
-        for (int64_t q = p0; q < std::min(HW, p0 + kBlock); ++q) dst[q * C + c] = src[c * HW + q];
 }
 
 // weight [O, Cg, kh, kw] -> [O, kh*kw, Cg]: the K order of colT blocks.

@@ -21,6 +21,7 @@
 
 #include "cpu_dispatch.h"
 #include "format.h"
+#include "layout.h"
 #include "roi_align_rotated_sample.h"
 
 namespace opforge {
@@ -112,10 +113,7 @@ inline void roi_align_rotated_output_dims(const RoiAlignRotatedParams& p, int64_
 template <typename A>
 inline std::string roi_align_rotated_check_rois(const RoiAlignRotatedParams& p, const A* rois) {
   const std::string op = "opforge::roi_align_rotated: ";
-  const auto num = [](A v) {
-    std::string s = std::to_string(static_cast<double>(v));
-    return s;
-  };
+  const auto num = [](A v) { return std::to_string(static_cast<double>(v)); };
   static const char* const names[6] = {"batch index", "cx", "cy", "w", "h", "angle"};
   for (int64_t k = 0; k < p.rois; ++k) {
     const A* roi = rois + 6 * k;
@@ -299,37 +297,6 @@ inline int64_t roi_align_rotated_forward_grain(const RoiAlignRotatedParams& p) {
 // share a line of the gradient, and at least 64 when C allows (vector-friendly).
 inline int64_t roi_align_rotated_backward_grain(const RoiAlignRotatedParams& p) {
   return p.channels >= 128 ? 64 : 16;
-}
-
-// [N, C, H*W] -> [N, H*W, C] (and the inverse) in cache-sized tiles, converting
-// with `convert` (16-bit storage <-> float32, or a plain copy). Items: (n, tile
-// of channels) pairs, so callers split them over threads.
-constexpr int64_t kTransposeTile = 32;
-
-inline int64_t transpose_items(int64_t batch, int64_t channels) {
-  return batch * ((channels + kTransposeTile - 1) / kTransposeTile);
-}
-
-// to_channels_last: src [N, C, HW] -> dst [N, HW, C]; else src [N, HW, C] -> dst [N, C, HW].
-template <typename S, typename D, typename Convert>
-inline void transpose_channels(const S* src, D* dst, int64_t channels, int64_t pixels, bool to_channels_last,
-                               int64_t item_begin, int64_t item_end, Convert convert) {
-  const int64_t tiles = (channels + kTransposeTile - 1) / kTransposeTile;
-  for (int64_t item = item_begin; item < item_end; ++item) {
-    const int64_t n = item / tiles, c0 = (item % tiles) * kTransposeTile;
-    const int64_t c1 = std::min(channels, c0 + kTransposeTile);
-    const int64_t base = n * channels * pixels;
-    for (int64_t q0 = 0; q0 < pixels; q0 += kTransposeTile) {
-      const int64_t q1 = std::min(pixels, q0 + kTransposeTile);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t q = q0; q < q1; ++q) {
-          if (to_channels_last)
-            dst[base + q * channels + c] = convert(src[base + c * pixels + q]);
-          else
-            dst[base + c * pixels + q] = convert(src[base + q * channels + c]);
-        }
-    }
-  }
 }
 
 }  // namespace core

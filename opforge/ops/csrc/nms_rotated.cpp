@@ -3,22 +3,12 @@
 // pool. The schemas of the op family live here.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
-
-#include <algorithm>
-#include <vector>
 
 #include "nms_rotated_args.h"
 
 namespace opforge {
 namespace {
-
-at::Tensor keep_tensor(const std::vector<int64_t>& keep, const at::TensorOptions& options) {
-  at::Tensor out = at::empty({static_cast<int64_t>(keep.size())}, options.dtype(at::kLong).device(at::kCPU));
-  std::copy(keep.begin(), keep.end(), out.mutable_data_ptr<int64_t>());
-  return out;
-}
 
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor* idxs, double iou_threshold) {
   const core::NmsRotatedParams p = nms_rotated_check_args(boxes, scores, idxs, iou_threshold);
@@ -26,7 +16,7 @@ at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, const at::
   const auto parallel = [](int64_t total, int64_t grain, const auto& body) {
     at::parallel_for(0, total, grain, body);
   };
-  return keep_tensor(core::nms_rotated_suppress(p, plan, parallel), boxes.options());
+  return nms_rotated_keep_tensor(core::nms_rotated_suppress(p, plan, parallel), boxes.device());
 }
 
 }  // namespace

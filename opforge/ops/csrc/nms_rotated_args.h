@@ -7,8 +7,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/nms_rotated.h"
 #include "opforge/torch_op.h"
@@ -52,6 +55,13 @@ inline core::NmsRotatedPlan nms_rotated_host_plan(const core::NmsRotatedParams& 
           : core::nms_rotated_prepare<float>(p, b.const_data_ptr<float>(), s.const_data_ptr<float>(), l, plan);
   TORCH_CHECK(err.empty(), err);
   return plan;
+}
+
+// The kept indices as an int64 tensor on `device`.
+inline at::Tensor nms_rotated_keep_tensor(const std::vector<int64_t>& keep, at::Device device) {
+  at::Tensor out = at::empty({static_cast<int64_t>(keep.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(keep.begin(), keep.end(), out.mutable_data_ptr<int64_t>());
+  return out.to(device);
 }
 
 }  // namespace opforge

@@ -6,7 +6,6 @@
 // kept box parallel on ORT's intra-op pool. Boxes and scores of the 16-bit
 // types are widened to float32 (exactly); the IoU is float64 for every type.
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "core/nms_rotated.h"
@@ -36,22 +35,6 @@ Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vec
 
 namespace {
 
-// The plan from host data of storage type T (16-bit widened to float32).
-template <typename T>
-std::string host_plan(const core::NmsRotatedParams& p, const T* boxes, const T* scores, const int64_t* labels,
-                      core::NmsRotatedPlan& plan) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    return core::nms_rotated_prepare<T>(p, boxes, scores, labels, plan);
-  } else {
-    const auto* b = core_ptr(boxes);
-    const auto* s = core_ptr(scores);
-    std::vector<float> wide_boxes(static_cast<size_t>(5 * p.boxes)), wide_scores(static_cast<size_t>(p.boxes));
-    for (size_t i = 0; i < wide_boxes.size(); ++i) wide_boxes[i] = core::load(b[i]);
-    for (size_t i = 0; i < wide_scores.size(); ++i) wide_scores[i] = core::load(s[i]);
-    return core::nms_rotated_prepare<float>(p, wide_boxes.data(), wide_scores.data(), labels, plan);
-  }
-}
-
 template <typename T>
 Ort::Status nms_compute(OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
                         const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
@@ -63,7 +46,8 @@ Ort::Status nms_compute(OrtKernelContext* ctx, float iou_threshold, const Ort::C
       !bad.IsOK())
     return bad;
   core::NmsRotatedPlan plan;
-  if (std::string err = host_plan<T>(p, boxes.Data(), scores.Data(), labels ? labels->Data() : nullptr, plan);
+  if (std::string err =
+          nms_rotated_host_plan(p, boxes.Data(), scores.Data(), labels ? labels->Data() : nullptr, plan);
       !err.empty())
     return invalid_argument(err);
   const auto parallel = [ctx](int64_t total, int64_t grain, const auto& body) {

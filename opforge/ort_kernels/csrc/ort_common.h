@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/broadcast.h"
@@ -19,6 +20,21 @@ namespace ort {
 
 // The custom ONNX domain of opforge's own ops; must match opforge/spec.py: DOMAIN.
 inline constexpr const char* kDomain = "opforge";
+
+// The cores' compute type for storage type T: double for double, float32 otherwise.
+template <typename T>
+using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// `count` host elements of storage type T in compute_t<T>: 16-bit types widened
+// (exactly), float and double copied. For small data the kernels read on the
+// host (rois, boxes, scores); large tensors are converted in parallel.
+template <typename T>
+std::vector<compute_t<T>> widened(const T* data, size_t count) {
+  std::vector<compute_t<T>> out(count);
+  const auto* src = core_ptr(data);
+  for (size_t i = 0; i < count; ++i) out[i] = static_cast<compute_t<T>>(core::load(src[i]));
+  return out;
+}
 
 // my_add's node check (kernel creation) and shape checks + broadcasting plan (CPU and CUDA kernels).
 void check_my_add_node(const OrtKernelInfo* info);
@@ -64,6 +80,15 @@ float check_nms_rotated_node(const OrtKernelInfo* info, bool batched);
 // Their input shapes checked by core::nms_rotated_check; labels null unless batched.
 Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
                                const std::vector<int64_t>* labels, float iou_threshold, core::NmsRotatedParams& p);
+
+// core::nms_rotated_prepare over host data of storage type T (CPU and CUDA EP kernels).
+template <typename T>
+std::string nms_rotated_host_plan(const core::NmsRotatedParams& p, const T* boxes, const T* scores,
+                                  const int64_t* labels, core::NmsRotatedPlan& plan) {
+  const auto wide_boxes = widened(boxes, static_cast<size_t>(5 * p.boxes));
+  const auto wide_scores = widened(scores, static_cast<size_t>(p.boxes));
+  return core::nms_rotated_prepare(p, wide_boxes.data(), wide_scores.data(), labels, plan);
+}
 
 // The lite-op kernels of nms_rotated and batched_nms_rotated for one EP: Run is the EP's
 // computation, Run(ctx, iou_threshold, boxes, scores, labels or null, keep) -> Ort::Status.

@@ -66,18 +66,9 @@ struct RoiAlignRotatedKernel {
                       const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& output) {
     core::RoiAlignRotatedParams p;
     if (Ort::Status bad = attrs.check(input.Shape(), rois.Shape(), p); !bad.IsOK()) return bad;
-    // F: the compute type (float for the 16-bit types).
-    using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const auto* raw_rois = core_ptr(rois.Data());
-    std::vector<F> wide_rois;
-    const F* r;
-    if constexpr (std::is_same_v<T, F>) {
-      r = rois.Data();
-    } else {
-      wide_rois.resize(static_cast<size_t>(6 * p.rois));
-      for (size_t i = 0; i < wide_rois.size(); ++i) wide_rois[i] = core::load(raw_rois[i]);
-      r = wide_rois.data();
-    }
+    using F = compute_t<T>;
+    const std::vector<F> wide_rois = widened(rois.Data(), static_cast<size_t>(6 * p.rois));
+    const F* r = wide_rois.data();
     if (std::string err = core::roi_align_rotated_check_rois<F>(p, r); !err.empty()) return invalid_argument(err);
     int64_t dims[4];
     core::roi_align_rotated_output_dims(p, dims);
@@ -88,11 +79,11 @@ struct RoiAlignRotatedKernel {
     // The map channels-last in F (one pass: transpose and widen).
     std::vector<F> x(static_cast<size_t>(p.batch * p.channels * p.map_size()));
     const auto* src = core_ptr(input.Data());
-    const int64_t tiles = core::transpose_items(p.batch, p.channels);
-    parallel_for(ctx, tiles, std::max<int64_t>(1, kConvertGrain / std::max<int64_t>(32 * p.map_size(), 1)),
+    const int64_t items = core::nchw_to_nhwc_items(p.batch, p.channels);
+    parallel_for(ctx, items, std::max<int64_t>(1, kConvertGrain / (core::kLayoutTile * p.map_size())),
                  [&](int64_t begin, int64_t end) {
-                   core::transpose_channels(src, x.data(), p.channels, p.map_size(), true, begin, end,
-                                            [](auto v) { return static_cast<F>(core::load(v)); });
+                   core::nchw_to_nhwc(src, x.data(), p.channels, p.map_size(), begin, end,
+                                      [](auto v) { return static_cast<F>(core::load(v)); });
                  });
     const int64_t grain = core::roi_align_rotated_forward_grain(p);
     if constexpr (std::is_same_v<T, F>) {

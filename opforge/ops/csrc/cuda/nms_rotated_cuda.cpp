@@ -50,9 +50,7 @@ at::Tensor nms_cuda(const at::Tensor& boxes, const at::Tensor& scores, const at:
                                     row + rows, words, plan.order, removed, keep);
     }
   }
-  at::Tensor out = at::empty({static_cast<int64_t>(keep.size())}, at::TensorOptions().dtype(at::kLong));
-  std::copy(keep.begin(), keep.end(), out.mutable_data_ptr<int64_t>());
-  return out.to(boxes.device());
+  return nms_rotated_keep_tensor(keep, boxes.device());
 }
 
 }  // namespace

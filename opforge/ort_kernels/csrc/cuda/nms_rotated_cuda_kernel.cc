@@ -6,7 +6,6 @@
 // and each chunk is reduced greedily on the host. The kept indices are written
 // to the device output.
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "core/nms_rotated.h"
@@ -52,14 +51,9 @@ Ort::Status nms_compute_cuda(OrtKernelContext* ctx, float iou_threshold, const O
     if (Ort::Status s = to_host(labels->Data(), n, host_labels, stream, op, "copying idxs to the host"); !s.IsOK())
       return s;
   if (Ort::Status s = cuda_status(cudaStreamSynchronize(stream), op, "synchronising the copies"); !s.IsOK()) return s;
-  using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  std::vector<F> wide_boxes(host_boxes.size()), wide_scores(host_scores.size());
-  const auto *rb = core_ptr(host_boxes.data()), *rs = core_ptr(host_scores.data());
-  for (size_t i = 0; i < wide_boxes.size(); ++i) wide_boxes[i] = static_cast<F>(core::load(rb[i]));
-  for (size_t i = 0; i < wide_scores.size(); ++i) wide_scores[i] = static_cast<F>(core::load(rs[i]));
   core::NmsRotatedPlan plan;
-  if (std::string err = core::nms_rotated_prepare<F>(p, wide_boxes.data(), wide_scores.data(),
-                                                     batched ? host_labels.data() : nullptr, plan);
+  if (std::string err = nms_rotated_host_plan(p, host_boxes.data(), host_scores.data(),
+                                              batched ? host_labels.data() : nullptr, plan);
       !err.empty())
     return invalid_argument(err);
 

@@ -4,7 +4,6 @@
 // host and checked (core::roi_align_rotated_check_rois) before the kernel
 // indexes the input with them: one small synchronous copy per run,
 // correctness over speed.
-#include <type_traits>
 #include <vector>
 
 #include "core/roi_align_rotated.h"
@@ -36,11 +35,8 @@ struct RoiAlignRotatedCudaKernel {
       if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
       if (Ort::Status s = cuda_status(ce, kOp, "copying rois to the host"); !s.IsOK()) return s;
     }
-    using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    std::vector<F> wide(host.size());
-    const auto* raw = core_ptr(host.data());
-    for (size_t i = 0; i < host.size(); ++i) wide[i] = static_cast<F>(core::load(raw[i]));
-    if (std::string err = core::roi_align_rotated_check_rois<F>(p, wide.data()); !err.empty())
+    if (std::string err = core::roi_align_rotated_check_rois(p, widened(host.data(), host.size()).data());
+        !err.empty())
       return invalid_argument(err);
     int64_t dims[4];
     core::roi_align_rotated_output_dims(p, dims);
