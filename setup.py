@@ -1,10 +1,12 @@
-"""Builds opforge's three native libraries, with the same helpers (opforge/build.py) a
+"""Builds opforge's four native libraries, with the same helpers (opforge/build.py) a
 package uses for its own ops:
 
 * ``opforge._C``: the torch extension (TORCH_LIBRARY "opforge" ops, CPU kernels;
   CUDA kernels when ``OPFORGE_CUDA`` allows and a CUDA toolchain + CUDA torch exist).
 * ``opforge/ort_kernels/libopforge_ort.so``: the ONNX Runtime custom-op library
   (ORT C/C++ headers only; links neither libonnxruntime nor libtorch).
+* ``opforge/ort_kernels/libopforge_mmdeploy.so``: mmdeploy's node forms on opforge's cores,
+  a drop-in for mmdeploy's libmmdeploy_onnxruntime_ops.so (same build rules as above).
 * ``opforge/ort_kernels/libopforge_aten.so``: ORT kernel for ``org.pytorch.aten::ATen``
   (ATen-fallback nodes), which runs the op through libtorch (links it, found through
   ``$ORIGIN``-relative run paths into the installed torch wheel).
@@ -90,6 +92,17 @@ def ort_library():
     )
 
 
+def mmdeploy_library():
+    """libopforge_mmdeploy.so: mmdeploy's node forms (a drop-in for libmmdeploy_onnxruntime_ops.so)."""
+    csrc = rel("opforge", "ort_kernels", "csrc")
+    return B.OrtLibrary(
+        "opforge.ort_kernels.libopforge_mmdeploy",
+        [os.path.join(csrc, "mmdeploy", "*.cc")],
+        include_dirs=[os.path.join(ROOT, csrc)],
+        ort_include_candidates=[REPO_ORT_INCLUDE],
+    )
+
+
 def aten_library():
     """libopforge_aten.so: org.pytorch.aten::ATen for ORT, through libtorch (which it links)."""
     from setuptools import Extension
@@ -149,6 +162,6 @@ class DevelopNoIsolation(develop):
 
 bundle_ort_headers()
 setup(
-    ext_modules=[torch_extension(), ort_library(), aten_library()],
+    ext_modules=[torch_extension(), ort_library(), mmdeploy_library(), aten_library()],
     cmdclass={"build_ext": B.build_ext(), "build_py": BuildPyWithOrtHeaders, "develop": DevelopNoIsolation},
 )

@@ -40,6 +40,13 @@ ENTRY_POINT_GROUP = "opforge.ort_libraries"
 ATEN_DOMAIN = "org.pytorch.aten"
 _LIB_NAME = "libopforge_ort.so"
 _ATEN_LIB_NAME = "libopforge_aten.so"
+_MMDEPLOY_LIB_NAME = "libopforge_mmdeploy.so"
+#: The domains of the ONNX files mmdeploy exports (libopforge_mmdeploy.so serves them).
+MMDEPLOY_DOMAINS = ("mmdeploy", "mmcv")
+#: What libopforge_mmdeploy.so has in each of them (mmdeploy 1.3.1's set).
+MMDEPLOY_OPS = {"mmdeploy": ("MMCVModulatedDeformConv2d", "MMCVRoIAlignRotated", "NMSMatch", "NMSRotated",
+                             "grid_sampler"),
+                "mmcv": ("MMCVModulatedDeformConv2d",)}
 
 #: Domains ONNX Runtime implements itself: never a custom-op library's.
 BUILTIN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft",
@@ -97,6 +104,8 @@ def ortx_library_path() -> str:
 _LIBRARIES: dict[str, tuple[str, PathSource]] = {
     DOMAIN: ("opforge (built-in)", lambda: _built_library(_LIB_NAME)),
     ATEN_DOMAIN: ("opforge (built-in, links libtorch)", lambda: _built_library(_ATEN_LIB_NAME)),
+    **{d: ("opforge (built-in, mmdeploy's node forms)", lambda: _built_library(_MMDEPLOY_LIB_NAME))
+       for d in MMDEPLOY_DOMAINS},
     **{d: (ORTX_DISTRIBUTION, ortx_library_path) for d in ORTX_DOMAINS},
 }
 
@@ -228,6 +237,17 @@ def aten_library_path() -> str:
     """Absolute path of libopforge_aten.so, the ORT kernel for ``org.pytorch.aten::ATen``
     nodes (links libtorch; load it in processes that can load torch's libraries)."""
     return ort_library_path(ATEN_DOMAIN)
+
+
+def mmdeploy_library_path() -> str:
+    """Path of ``libopforge_mmdeploy.so``: ONNX Runtime kernels with the node forms of the files
+    mmdeploy 1.3.1 exports (domains ``mmdeploy`` and ``mmcv``), a drop-in for mmdeploy's
+    ``libmmdeploy_onnxruntime_ops.so`` in any onnxruntime >= 1.21, without torch::
+
+        so.register_custom_ops_library(opforge.mmdeploy_library_path())
+
+    (:func:`ort_session` registers it by itself for a model in those domains.)"""
+    return ort_library_path(MMDEPLOY_DOMAINS[0])
 
 
 def ort_libraries() -> dict[str, tuple[str, str]]:
@@ -485,6 +505,10 @@ def ort_session(
                              "it has no op of that name: not one of its own ops, and no Python op of that name "
                              "(opforge.register_prototype, onnxruntime_extensions.onnx_op) is defined in this "
                              "process; import the package that defines it before creating the session")
+            elif domain in MMDEPLOY_DOMAINS and any(op not in MMDEPLOY_OPS[domain] for op in needed[domain]):
+                other = ", ".join(op for op in needed[domain] if op not in MMDEPLOY_OPS[domain])
+                lines.append(f"{other}: libopforge_mmdeploy.so serves mmdeploy 1.3.1's node forms, which in domain "
+                             f"{domain!r} are {', '.join(MMDEPLOY_OPS[domain])}; {other} is not one of them")
             elif domain == DOMAIN:
                 lines.append(f"{ops}: the session has no opforge kernels; register them before creating it: "
                              f"{REGISTER_HINT} (or use opforge.ort_session(model))")
@@ -556,9 +580,11 @@ __all__ = [
     "MissingOrtKernels",
     "MissingOrtLibrary",
     "REGISTER_HINT",
+    "MMDEPLOY_DOMAINS",
     "aten_library_path",
     "check_library_kernels",
     "custom_ops",
+    "mmdeploy_library_path",
     "ort_libraries",
     "ort_library_path",
     "ort_session",

@@ -58,27 +58,66 @@ inline void keep_domain_alive(Ort::CustomOpDomain&& domain) {
 // the same domain a clear error. opforge.ort_session reads the same key.
 inline std::string domain_config_key(const std::string& domain) { return "opforge.custom_domain." + domain; }
 
+// Whether `domain` may be added to `options` by `library`: *already is true when this
+// library added it before (registering a library again is a no-op); an error status
+// when another library did (see domain_config_key).
+inline OrtStatus* check_domain_free(OrtSessionOptions* options, const char* library, const char* domain,
+                                    bool* already) {
+  Ort::UnownedSessionOptions session_options(options);
+  const std::string key = domain_config_key(domain);
+  *already = false;
+  if (!session_options.HasConfigEntry(key.c_str())) return nullptr;
+  const std::string owner = session_options.GetConfigEntry(key.c_str());
+  if (owner == library) {
+    *already = true;
+    return nullptr;
+  }
+  const std::string msg = std::string("opforge: ") + library + " serves the ONNX domain '" + domain +
+                          "', which these SessionOptions already have from " + owner +
+                          "; ONNX Runtime allows one custom-op library per domain";
+  return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT).release();
+}
+
 // Adds `ops` to `options` as the custom domain `domain` (see domain_config_key).
 template <typename OpRange>
 OrtStatus* add_domain(OrtSessionOptions* options, const char* library, const char* domain, const OpRange& ops) {
   try {
+    bool already = false;
+    if (OrtStatus* taken = check_domain_free(options, library, domain, &already)) return taken;
+    if (already) return nullptr;
     Ort::UnownedSessionOptions session_options(options);
-    const std::string key = domain_config_key(domain);
-    if (session_options.HasConfigEntry(key.c_str())) {
-      const std::string owner = session_options.GetConfigEntry(key.c_str());
-      if (owner == library) return nullptr;
-      const std::string msg = std::string("opforge: ") + library + " serves the ONNX domain '" + domain +
-                              "', which these SessionOptions already have from " + owner +
-                              "; ONNX Runtime allows one custom-op library per domain";
-      return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT).release();
-    }
     Ort::CustomOpDomain custom_domain{domain};
     for (const auto& op : ops) custom_domain.Add(&*op);  // OrtCustomOp pointers or owning pointers
     session_options.Add(custom_domain);
-    session_options.AddConfigEntry(key.c_str(), library);
+    session_options.AddConfigEntry(domain_config_key(domain).c_str(), library);
     keep_domain_alive(std::move(custom_domain));
   } catch (const Ort::Exception& e) {
     return Ort::Status(e).release();
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
+  return nullptr;
+}
+
+// Which kernels a library serves in which of its ONNX domains: serves(domain, op_name).
+// A library with one domain serves every kernel there (nullptr).
+using DomainFilter = bool (*)(const std::string& domain, const char* op_name);
+
+// Adds `ops` to `options` in each of `domains` (only the ops `serves` picks for a domain).
+// Every domain is checked before any is added, so a refusal leaves the options as they were.
+inline OrtStatus* add_domains(OrtSessionOptions* options, const char* library, const std::vector<std::string>& domains,
+                              DomainFilter serves, const std::vector<const OrtCustomOp*>& ops) {
+  try {
+    for (const std::string& domain : domains) {
+      bool already = false;
+      if (OrtStatus* taken = check_domain_free(options, library, domain.c_str(), &already)) return taken;
+    }
+    for (const std::string& domain : domains) {
+      std::vector<const OrtCustomOp*> picked;
+      for (const OrtCustomOp* op : ops)
+        if (serves == nullptr || serves(domain, op->GetName(op))) picked.push_back(op);
+      if (OrtStatus* failed = add_domain(options, library, domain.c_str(), picked)) return failed;
+    }
   } catch (const std::exception& e) {
     return Ort::Status(e).release();
   }
@@ -133,20 +172,23 @@ inline std::vector<const OrtCustomOp*> kernels_for(bool cpu) {
       return Ort::Status(e).release();                                                                    \
     }                                                                                                     \
   }
+// The companion hands over all its CUDA EP kernels; the library proper sorts them into domains.
+#define OPFORGE_ORT_LIBRARY_DOMAINS(library, serves, ...) OPFORGE_ORT_LIBRARY(library, "")
 #else
 namespace opforge {
 namespace ort {
-// RegisterCustomOps' body: every kernel of this library in `domain`, and in a CUDA build
-// the companion's CUDA EP kernels (or their stand-ins), recorded in the session config.
+// RegisterCustomOps' body: every kernel of this library in each of `domains` that
+// `serves` gives it (see DomainFilter), and in a CUDA build the companion's CUDA EP
+// kernels (or their stand-ins), recorded in the session config.
 inline OrtStatus* register_library(OrtSessionOptions* options, const OrtApiBase* api_base, const char* library,
-                                   const char* domain) {
+                                   const std::vector<std::string>& domains, DomainFilter serves = nullptr) {
   OrtStatus* error = nullptr;
   if (!init_api(api_base, library, &error)) return error;
   try {
 #ifdef OPFORGE_ORT_CUDA_COMPANION
     std::string cuda_status;
     const auto& kernels = with_cuda_companion(library, api_base, &cuda_status);
-    if (OrtStatus* failed = add_domain(options, library, domain, kernels)) return failed;
+    if (OrtStatus* failed = add_domains(options, library, domains, serves, kernels)) return failed;
     Ort::UnownedSessionOptions session_options(options);
     const std::string cuda_key = cuda_kernels_config_key(library);
     if (!session_options.HasConfigEntry(cuda_key.c_str()))
@@ -158,7 +200,7 @@ inline OrtStatus* register_library(OrtSessionOptions* options, const OrtApiBase*
       all.insert(all.end(), other.begin(), other.end());
       return all;
     }();
-    return add_domain(options, library, domain, kernels);
+    return add_domains(options, library, domains, serves, kernels);
 #endif
   } catch (const std::exception& e) {
     return Ort::Status(e).release();
@@ -170,6 +212,14 @@ inline OrtStatus* register_library(OrtSessionOptions* options, const OrtApiBase*
 #define OPFORGE_ORT_LIBRARY(library, domain)                                                      \
   extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
       OrtSessionOptions* options, const OrtApiBase* api_base) {                               \
-    return ::opforge::ort::register_library(options, api_base, library, domain);              \
+    return ::opforge::ort::register_library(options, api_base, library, {domain});            \
+  }
+
+// The entry point of a library serving several ONNX domains: `domains` is a braced list
+// of names, `serves` a DomainFilter choosing each domain's kernels.
+#define OPFORGE_ORT_LIBRARY_DOMAINS(library, serves, ...)                                         \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                               \
+    return ::opforge::ort::register_library(options, api_base, library, __VA_ARGS__, serves); \
   }
 #endif

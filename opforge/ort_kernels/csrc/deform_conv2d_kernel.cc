@@ -5,11 +5,9 @@
 // gather-free channels-last sampling + the core's packed GEMM), parallel over
 // (image, pixel tile) on ORT's intra-op pool. float16 / bfloat16 compute in
 // float32 and round once (as the torch CPU kernel does).
-#include <algorithm>
-#include <type_traits>
 #include <vector>
 
-#include "core/deform_conv2d.h"
+#include "deform_conv2d_cpu.h"
 #include "ort_common.h"
 
 namespace opforge {
@@ -47,40 +45,6 @@ std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::
                                    dil_w, groups, offset_groups, use_mask, p);
 }
 
-// The float32/float64 computation on NCHW buffers (x, w, off, msk may be
-// null when !p.use_mask, bias) into out.
-template <typename F>
-void deform_conv2d_cpu(OrtKernelContext* ctx, const core::DeformConv2dParams& p, const F* x, const F* weight,
-                       const F* off, const F* msk, const F* bias, F* out) {
-  const int64_t C = p.in_channels, HW = p.in_pixels();
-  std::vector<F> x_nhwc(static_cast<size_t>(p.batch * C * HW));
-  parallel_for(ctx, p.batch, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) core::nchw_to_nhwc(x + b * C * HW, x_nhwc.data() + b * C * HW, C, HW);
-  });
-  std::vector<F> w_tm(static_cast<size_t>(p.out_channels * p.in_channels_per_group() * p.taps()));
-  core::weight_to_tap_major(weight, w_tm.data(), p.out_channels, p.in_channels_per_group(), p.taps());
-
-  const int64_t P = p.out_pixels(), tile = core::forward_tile_pixels(p, sizeof(F));
-  const int64_t tiles = (P + tile - 1) / tile;
-  parallel_for(ctx, p.batch * tiles, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<F> colT;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, p0 = (t % tiles) * tile;
-      core::deform_conv2d_forward_tile(p, x_nhwc.data(), off, msk, w_tm.data(), bias, out, b, p0,
-                                       std::min(tile, P - p0), colT);
-    }
-  });
-}
-
-// 16-bit storage -> float32 copy (core/half.h conversions, exact).
-template <typename T>
-std::vector<float> widen(const T* data, size_t count) {
-  std::vector<float> v(count);
-  const auto* src = core_ptr(data);
-  for (size_t i = 0; i < count; ++i) v[i] = core::load(src[i]);
-  return v;
-}
-
 template <typename T>
 struct DeformConv2dKernel : DeformConv2dAttrs {
   DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) : DeformConv2dAttrs(info) {}
@@ -92,27 +56,8 @@ struct DeformConv2dKernel : DeformConv2dAttrs {
     const std::string err = check(input.Shape(), weight.Shape(), offset.Shape(), mask.Shape(), bias.Shape(), p);
     if (!err.empty()) return invalid_argument(err);
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
-    if (p.batch == 0) return Ort::Status(nullptr);
-    if (p.samples_nothing()) {  // nothing to sample: the output is the bias
-      const T* b = bias.Data();
-      const int64_t P = p.out_pixels();
-      for (int64_t i = 0; i < p.batch * p.out_channels; ++i) std::fill(out + i * P, out + (i + 1) * P, b[i % p.out_channels]);
-      return Ort::Status(nullptr);
-    }
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      deform_conv2d_cpu<T>(ctx, p, input.Data(), weight.Data(), offset.Data(), use_mask ? mask.Data() : nullptr,
-                           bias.Data(), out);
-    } else {
-      // float16 / bfloat16: computed in float32 (like the torch CPU kernel), rounded once.
-      const auto f = [](const Ort::Custom::Tensor<T>& t) { return widen(t.Data(), t.NumberOfElement()); };
-      const std::vector<float> x = f(input), w = f(weight), off = f(offset), b = f(bias);
-      const std::vector<float> m = use_mask ? f(mask) : std::vector<float>();
-      std::vector<float> y(static_cast<size_t>(p.batch * p.out_channels * p.out_pixels()));
-      deform_conv2d_cpu<float>(ctx, p, x.data(), w.data(), off.data(), use_mask ? m.data() : nullptr, b.data(),
-                               y.data());
-      auto* dst = core_ptr(out);
-      for (size_t i = 0; i < y.size(); ++i) dst[i] = core::store<std::remove_pointer_t<decltype(dst)>>(y[i]);
-    }
+    deform_conv2d_run<T>(ctx, p, input.Data(), weight.Data(), offset.Data(), use_mask ? mask.Data() : nullptr,
+                         bias.Data(), out);
     return Ort::Status(nullptr);
   }
 };

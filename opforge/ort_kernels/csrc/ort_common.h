@@ -13,7 +13,7 @@
 #include "core/deform_conv2d_tap.h"
 #include "core/ms_deform_attn_sample.h"
 #include "core/nms_rotated.h"
-#include "core/roi_align_rotated_sample.h"
+#include "core/roi_align_rotated.h"  // the checks (the CPU kernels come with them)
 
 namespace opforge {
 namespace ort {
@@ -62,16 +62,48 @@ Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::
                                   const std::vector<int64_t>& attention_weights, int64_t im2col_step,
                                   core::MsDeformAttnParams& p);
 
-// roi_align_rotated's node attributes (the torch schema's scalar arguments),
-// checked at kernel creation, and their check with the input shapes
-// (core::roi_align_rotated_check).
+// roi_align_rotated's node attributes (the torch schema's scalar arguments; mmdeploy's
+// MMCVRoIAlignRotated has the same), checked at kernel creation, and their check with
+// the input shapes (core::roi_align_rotated_check). `op` names the node form in errors.
 struct RoiAlignRotatedAttrs {
+  std::string op;
   int64_t output_height, output_width, sampling_ratio;
   float spatial_scale;
   bool aligned, clockwise;
-  explicit RoiAlignRotatedAttrs(const OrtKernelInfo* info);
+
+  explicit RoiAlignRotatedAttrs(const OrtKernelInfo* info, const char* op_name = "opforge::roi_align_rotated")
+      : op(op_name) {
+    check_node_arity(info, op_name, {"input", "rois"});
+    const auto flag = [&](const char* name) {
+      const int64_t v = node_attribute<int64_t>(info, op_name, name);
+      if (v != 0 && v != 1) node_error(op + ": attribute " + name + " must be 0 or 1, got " + std::to_string(v));
+      return v != 0;
+    };
+    output_height = node_attribute<int64_t>(info, op_name, "output_height");
+    output_width = node_attribute<int64_t>(info, op_name, "output_width");
+    spatial_scale = node_attribute<float>(info, op_name, "spatial_scale");
+    sampling_ratio = node_attribute<int64_t>(info, op_name, "sampling_ratio");
+    aligned = flag("aligned");
+    clockwise = flag("clockwise");
+    if (std::string err =
+            core::roi_align_rotated_check_attrs(output_height, output_width, spatial_scale, sampling_ratio);
+        !err.empty())
+      node_error(in_op_words(err));
+  }
+
   Ort::Status check(const std::vector<int64_t>& input, const std::vector<int64_t>& rois,
-                    core::RoiAlignRotatedParams& p) const;
+                    core::RoiAlignRotatedParams& p) const {
+    const std::string err = core::roi_align_rotated_check(
+        input.data(), static_cast<int>(input.size()), rois.data(), static_cast<int>(rois.size()), output_height,
+        output_width, spatial_scale, sampling_ratio, aligned, clockwise, p);
+    return err.empty() ? Ort::Status(nullptr) : invalid_argument(in_op_words(err));
+  }
+
+  // The core's messages name opforge::roi_align_rotated; another node form's name replaces it.
+  std::string in_op_words(const std::string& msg) const {
+    static const std::string core_name = "opforge::roi_align_rotated";
+    return msg.compare(0, core_name.size(), core_name) == 0 ? op + msg.substr(core_name.size()) : msg;
+  }
 };
 
 // nms_rotated's / batched_nms_rotated's node check at kernel creation (inputs,
