@@ -98,6 +98,8 @@ def mmdeploy_library():
     return B.OrtLibrary(
         "opforge.ort_kernels.libopforge_mmdeploy",
         [os.path.join(csrc, "mmdeploy", "*.cc")],
+        # the CUDA EP kernels, and the shared cores' CUDA kernels (the same nvcc unit as libopforge_ort's)
+        cuda_sources=[os.path.join(csrc, "mmdeploy", "cuda", "*.cc"), os.path.join(csrc, "cuda", "kernels.cu")],
         include_dirs=[os.path.join(ROOT, csrc)],
         ort_include_candidates=[REPO_ORT_INCLUDE],
     )

@@ -1,53 +1,11 @@
 // ORT CUDA-EP kernel of opforge::deform_conv2d: same attributes and checks as
-// the CPU kernel, same CUDA sampling kernel as torch's CUDA path, and the GEMM
-// straight from cuBLAS (no libtorch here):
-//   out = bias (fill kernel), then per chunk of images: im2col into stream-
-//   ordered scratch, and per weight group one strided-batched GEMM over the
-//   chunk's images accumulating onto out (beta = 1).
-// float32 GEMMs are full fp32 (no TF32), as torch's default; float16 / bfloat16
-// columns and weights multiply with float32 accumulation.
-#include <algorithm>
-
-#include "core/deform_conv2d_gpu.h"
-#include "opforge/ort_cuda.h"
+// the CPU kernel; the computation is deform_conv2d_cuda.h (shared with mmdeploy's
+// node form).
+#include "cuda/deform_conv2d_cuda.h"
 #include "ort_common.h"
 
 namespace opforge {
 namespace ort {
-namespace {
-
-constexpr int64_t kColumnBudgetBytes = int64_t(256) << 20;
-constexpr const char* kOp = "opforge::deform_conv2d";
-
-template <typename T>
-struct GemmTypes;
-template <>
-struct GemmTypes<float> {
-  using Scale = float;
-  static constexpr cudaDataType_t data = CUDA_R_32F;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-};
-template <>
-struct GemmTypes<double> {
-  using Scale = double;
-  static constexpr cudaDataType_t data = CUDA_R_64F;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_64F;
-};
-template <>
-struct GemmTypes<Ort::Float16_t> {
-  using Scale = float;
-  static constexpr cudaDataType_t data = CUDA_R_16F;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-};
-
-template <>
-struct GemmTypes<Ort::BFloat16_t> {
-  using Scale = float;
-  static constexpr cudaDataType_t data = CUDA_R_16BF;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-};
-
-}  // namespace
 
 template <typename T>
 struct DeformConv2dCudaKernel : DeformConv2dAttrs {
@@ -62,52 +20,8 @@ struct DeformConv2dCudaKernel : DeformConv2dAttrs {
     const std::string err = check(input.Shape(), weight.Shape(), offset.Shape(), mask.Shape(), bias.Shape(), p);
     if (!err.empty()) return invalid_argument(err);
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
-    if (p.batch == 0) return Ort::Status(nullptr);
-
-    const InputDeviceGuard device(ctx);
-    constexpr core::cuda::Dtype dtype = gpu_dtype<T>();
-    const cudaStream_t stream = compute_stream(ctx);
-    const int64_t G = p.weight_groups, P = p.out_pixels(), col_per_image = p.in_channels * p.taps() * P;
-    constexpr int64_t kIntMax = 2147483647;  // cuBLAS takes int sizes
-    if (P > kIntMax || p.col_rows_per_group() > kIntMax || p.out_channels > kIntMax)
-      return invalid_argument(std::string(kOp) + ": output plane or column rows exceed cuBLAS's int range");
-    const int64_t chunk = core::deform_gpu_chunk_images(p, sizeof(T), kColumnBudgetBytes);
-
-    if (Ort::Status s = cuda_status(core::cuda::fill_bias(dtype, p.batch, p.out_channels, P, bias.Data(), out, stream),
-                                    kOp, "bias kernel launch");
-        !s.IsOK())
-      return s;
-    if (p.samples_nothing()) return Ort::Status(nullptr);  // all columns 0: the output is the bias
-    StreamScratch col(static_cast<size_t>(chunk * col_per_image) * sizeof(T), stream);
-    if (Ort::Status s = cuda_status(col.status(), kOp, "scratch allocation (cudaMallocAsync)"); !s.IsOK()) return s;
-
-    cublasHandle_t handle;
-    cublasStatus_t cs;
-    const auto lock = cublas.acquire(stream, &handle, &cs);
-    if (Ort::Status s = cublas_status(cs, kOp, "cuBLAS handle"); !s.IsOK()) return s;
-    using G_ = GemmTypes<T>;
-    const typename G_::Scale one = 1;
-    T* col_data = static_cast<T*>(col.get());
-    for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
-      const int64_t images = std::min(chunk, p.batch - b0);
-      if (Ort::Status s = cuda_status(core::cuda::deform_im2col(dtype, p, input.Data(), offset.Data(),
-                                                                use_mask ? mask.Data() : nullptr, b0, images,
-                                                                col_data, stream),
-                                      kOp, "im2col kernel launch");
-          !s.IsOK())
-        return s;
-      for (int64_t g = 0; g < G; ++g) {
-        const core::StridedGemm gm = core::deform_forward_gemm(p, g, b0, images);  // see there for the algebra
-        cs = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(gm.m),
-                                        static_cast<int>(gm.n), static_cast<int>(gm.k), &one, col_data + gm.a_offset,
-                                        G_::data, static_cast<int>(gm.lda), gm.stride_a, weight.Data() + gm.b_offset,
-                                        G_::data, static_cast<int>(gm.ldb), gm.stride_b, &one, out + gm.c_offset,
-                                        G_::data, static_cast<int>(gm.ldc), gm.stride_c, static_cast<int>(gm.batch),
-                                        G_::compute, CUBLAS_GEMM_DEFAULT);
-        if (Ort::Status s = cublas_status(cs, kOp, "cublasGemmStridedBatchedEx"); !s.IsOK()) return s;
-      }
-    }
-    return Ort::Status(nullptr);
+    return deform_conv2d_cuda_run<T>(ctx, cublas, "opforge::deform_conv2d", p, input.Data(), weight.Data(),
+                                     offset.Data(), use_mask ? mask.Data() : nullptr, bias.Data(), out);
   }
 };
 

@@ -1,0 +1,144 @@
+// mmdeploy's two class-wise NMS node forms (core/nms_multiclass.h), as mmdeploy's
+// exporters write them (mmdeploy/mmcv/ops/nms_rotated.py, nms_match.py):
+//
+//   mmdeploy::NMSRotated  inputs  (boxes [N,B,5] (cx, cy, w, h, angle), scores [N,C,B])
+//                         attrs   iou_threshold, score_threshold (FLOAT, required)
+//                         output  int64 [K,3] rows (batch, class, box)
+//   mmdeploy::NMSMatch    inputs  (boxes [N,B,4] (x1, y1, x2, y2), scores [N,C,B],
+//                                  iou_threshold [1], score_threshold [1]: float32, or
+//                                  the boxes' type in a float16-converted model)
+//                         output  int64 [K,4] rows (batch, class, leader, member)
+//
+// No rows is a (0, 3) / (0, 4) output. Both EPs compute the rows on the host from
+// host copies of boxes and scores (the CUDA EP copies them there), the (image,
+// class) pairs in parallel on ORT's intra-op pool (a single pair: its suppression
+// is); rows come out in pair order. 16-bit boxes and scores are widened exactly.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/nms_multiclass.h"
+#include "mmdeploy_ops.h"
+#include "ort_common.h"
+
+namespace opforge {
+namespace ort {
+namespace mmdeploy {
+
+inline constexpr const char* kNmsRotatedOp = "mmdeploy::NMSRotated";
+inline constexpr const char* kNmsMatchOp = "mmdeploy::NMSMatch";
+
+// Runs pair(n, c, inner_parallel, rows) for every (image, class) pair; the rows of all
+// pairs, in pair order, into `rows`. "" or the first pair's error.
+template <typename Pair>
+std::string run_pairs(OrtKernelContext* ctx, const core::NmsMulticlassParams& p, const Pair& pair,
+                      std::vector<int64_t>& rows) {
+  const int64_t pairs = p.pairs();
+  std::vector<std::vector<int64_t>> per_pair(static_cast<size_t>(pairs));
+  std::vector<std::string> errors(static_cast<size_t>(pairs));
+  const auto serial = [](int64_t total, int64_t, const auto& body) { body(int64_t(0), total); };
+  const auto pooled = [ctx](int64_t total, int64_t grain, const auto& body) { parallel_for(ctx, total, grain, body); };
+  if (pairs == 1) {
+    errors[0] = pair(0, 0, pooled, per_pair[0]);
+  } else {
+    parallel_for(ctx, pairs, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) errors[k] = pair(k / p.classes, k % p.classes, serial, per_pair[k]);
+    });
+  }
+  rows.clear();
+  for (int64_t k = 0; k < pairs; ++k) {
+    if (!errors[k].empty()) return errors[k];
+    rows.insert(rows.end(), per_pair[k].begin(), per_pair[k].end());
+  }
+  return "";
+}
+
+struct NmsRotatedAttrs {
+  float iou_threshold, score_threshold;
+  explicit NmsRotatedAttrs(const OrtKernelInfo* info) {
+    check_node_arity(info, kNmsRotatedOp, {"boxes", "scores"});
+    iou_threshold = node_attribute<float>(info, kNmsRotatedOp, "iou_threshold");
+    score_threshold = node_attribute<float>(info, kNmsRotatedOp, "score_threshold");
+    core::NmsMulticlassParams unused;
+    const int64_t boxes[3] = {0, 0, 5}, scores[3] = {0, 0, 0};
+    if (std::string err = core::nms_multiclass_check(kNmsRotatedOp, boxes, 3, scores, 3, 5, iou_threshold,
+                                                     score_threshold, unused);
+        !err.empty())
+      node_error(err);
+  }
+
+  Ort::Status check(const std::vector<int64_t>& bs, const std::vector<int64_t>& ss, core::NmsMulticlassParams& p) const {
+    const std::string err = core::nms_multiclass_check(kNmsRotatedOp, bs.data(), static_cast<int>(bs.size()), ss.data(),
+                                                       static_cast<int>(ss.size()), 5, iou_threshold, score_threshold, p);
+    return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+  }
+};
+
+// NMSRotated's rows (flattened, 3 per row) from host boxes and scores of storage type T.
+template <typename T>
+Ort::Status nms_rotated_rows(OrtKernelContext* ctx, const core::NmsMulticlassParams& p, const T* boxes,
+                             const T* scores, std::vector<int64_t>& rows) {
+  const auto wide_boxes = widened(boxes, static_cast<size_t>(p.batch * p.boxes * 5));
+  const auto wide_scores = widened(scores, static_cast<size_t>(p.pairs() * p.boxes));
+  const std::string err = run_pairs(
+      ctx, p,
+      [&](int64_t n, int64_t c, const auto& inner, std::vector<int64_t>& out) {
+        return core::nms_rotated_pair(kNmsRotatedOp, p, wide_boxes.data() + n * p.boxes * 5,
+                                      wide_scores.data() + (n * p.classes + c) * p.boxes, n, c, inner, out);
+      },
+      rows);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+}
+
+inline void check_nms_match_node(const OrtKernelInfo* info) {
+  check_node_arity(info, kNmsMatchOp, {"boxes", "scores", "iou_threshold", "score_threshold"});
+}
+
+// A threshold input's one value (shape [1] as mmdeploy writes it, or a scalar): its
+// element count and its value read from host memory.
+inline std::string nms_match_threshold_count(int64_t count, const std::vector<int64_t>& shape, const char* name) {
+  if (count == 1) return "";
+  return std::string(kNmsMatchOp) + ": " + name + " must hold one value (shape [1]), got shape " + shape_str(shape);
+}
+
+// NMSMatch's shapes and thresholds checked into p.
+inline Ort::Status check_nms_match(const std::vector<int64_t>& bs, const std::vector<int64_t>& ss, double iou,
+                                   double score, core::NmsMulticlassParams& p) {
+  const std::string err = core::nms_multiclass_check(kNmsMatchOp, bs.data(), static_cast<int>(bs.size()), ss.data(),
+                                                     static_cast<int>(ss.size()), 4, iou, score, p);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+}
+
+// NMSMatch's rows (flattened, 4 per row) from host boxes and scores of storage type T.
+template <typename T>
+Ort::Status nms_match_rows(OrtKernelContext* ctx, const core::NmsMulticlassParams& p, const T* boxes, const T* scores,
+                           std::vector<int64_t>& rows) {
+  const auto wide_boxes = widened(boxes, static_cast<size_t>(p.batch * p.boxes * 4));
+  const auto wide_scores = widened(scores, static_cast<size_t>(p.pairs() * p.boxes));
+  const std::string err = run_pairs(
+      ctx, p,
+      [&](int64_t n, int64_t c, const auto&, std::vector<int64_t>& out) {
+        return core::nms_match_pair(kNmsMatchOp, p, wide_boxes.data() + n * p.boxes * 4,
+                                    wide_scores.data() + (n * p.classes + c) * p.boxes, n, c, out);
+      },
+      rows);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
+}
+
+// Registers kernel<T, U> for every float T with U = float32 and, for the other types,
+// U = T: the thresholds are float32 Constants, and a float16 conversion gives them the
+// boxes' type.
+template <template <typename, typename> class Kernel>
+void append_nms_match_kernels(std::vector<LiteOpPtr>& ops, const char* ep) {
+  for_each_float_type([&](auto tag) {
+    using T = decltype(tag);
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<T, float>>(kNmsMatch, ep));
+    if constexpr (!std::is_same_v<T, float>) ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<T, T>>(kNmsMatch, ep));
+  });
+}
+
+}  // namespace mmdeploy
+}  // namespace ort
+}  // namespace opforge
