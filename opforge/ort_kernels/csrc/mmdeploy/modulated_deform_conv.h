@@ -52,7 +52,12 @@ struct ModulatedDeformConvAttrs {
       if (ki.GetInputName(i).empty())
         node_error(std::string(kModulatedDeformConvOp) + ": input " + std::to_string(i) + " (" + names[i] +
                    ") is omitted (\"\"), but it is required");
-    with_bias = inputs == 5 && !ki.GetInputName(4).empty();
+    // An omitted ("") bias would reach ORT's lite-op glue as a null value, which it
+    // dereferences before the kernel runs; mmdeploy writes 4 inputs for "no bias".
+    if (inputs == 5 && ki.GetInputName(4).empty())
+      node_error(std::string(kModulatedDeformConvOp) +
+                 ": input 4 (bias) is omitted (\"\"); a node without bias has 4 inputs, as mmdeploy writes it");
+    with_bias = inputs == 5;
     if (ki.GetOutputCount() != 1)
       node_error(std::string(kModulatedDeformConvOp) + ": the node has " + std::to_string(ki.GetOutputCount()) + " outputs; expected 1");
     pair_attribute(info, kModulatedDeformConvOp, "stride", 1, &stride_h, &stride_w);
