@@ -18,6 +18,7 @@ from .ops import (MSDeformAttn, MultiScaleDeformableAttnFunction, MyAdd, MyAddFu
                   RoIAlignRotatedFunction, batched_nms_rotated, deform_conv2d, ms_deform_attn, my_add, nms_rotated,
                   roi_align_rotated)
 from .ort_kernels import (
+    ConflictingOrtLibraries,
     MissingOpforgeKernels,
     MissingOrtKernels,
     MissingOrtLibrary,
@@ -55,6 +56,7 @@ __all__ = [
     "AtenOpRefused",
     "AttrArg",
     "BUILT_WITH_CUDA",
+    "ConflictingOrtLibraries",
     "DeformConv2d",
     "Diagnosis",
     "ExportError",

@@ -150,6 +150,8 @@ SLOW_TESTS = (
     "test_docs.py::test_python_snippet_runs[",
     "test_torchvision_drop_in.py::test_import_opforge_does_not_import_torchvision",
     "test_torchvision_drop_in.py::test_gradcheck_every_input[",
+    # download mmdeploy's wheel (once) and run its library in a child
+    "test_mmdeploy_ops.py::test_mmdeploy_own_library_", "test_mmdeploy_ops.py::test_mmdeploy_dcn_defects_",
 )
 
 

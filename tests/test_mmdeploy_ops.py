@@ -6,6 +6,12 @@ class, and a plain-Python nms_match. Also: INT and INTS attributes, absent and o
 mmcv domain, every float type, empty outputs, ties, hostile values and bad nodes (clear errors, no
 crash), and how the library meets opforge.ort_session and other libraries."""
 
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -483,3 +489,101 @@ def test_the_library_needs_no_torch(tmp_path):
 
     needed = needed_libraries(opforge.mmdeploy_library_path())
     assert not [n for n in needed if "torch" in n or "onnxruntime" in n or "c10" in n], needed
+
+
+# ---- beside mmdeploy's own library (from the mmdeploy 1.3.1 wheel; it brings its own ORT 1.15) ------------------
+
+MMDEPLOY_WHEEL_DIR = Path(__file__).resolve().parents[1] / "build" / "mmdeploy-wheel"
+MMDEPLOY_LIBRARY = "libmmdeploy_onnxruntime_ops.so"
+
+
+@pytest.fixture(scope="module")
+def mmdeploy_own_library() -> Path:
+    """mmdeploy 1.3.1's ORT library and its bundled libonnxruntime.so.1.15.1, unpacked from the wheel
+    (downloaded once into build/mmdeploy-wheel)."""
+    lib_dir = MMDEPLOY_WHEEL_DIR / "mmdeploy" / "lib"
+    if not (lib_dir / MMDEPLOY_LIBRARY).is_file():
+        MMDEPLOY_WHEEL_DIR.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                               "-d", str(MMDEPLOY_WHEEL_DIR), "mmdeploy==1.3.1"], capture_output=True, text=True,
+                              timeout=600)
+        if proc.returncode != 0:
+            pytest.skip(f"the mmdeploy 1.3.1 wheel could not be downloaded (package index unreachable?): {proc.stderr}")
+        (wheel,) = MMDEPLOY_WHEEL_DIR.glob("mmdeploy-1.3.1-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.startswith("mmdeploy/lib/") and "tensorrt" not in name:
+                    z.extract(name, MMDEPLOY_WHEEL_DIR)
+    return lib_dir / MMDEPLOY_LIBRARY
+
+
+# Runs in a child: mmdeploy's library maps a second ONNX Runtime (its bundled 1.15.1) into the process.
+_BESIDE = r"""
+import json, sys
+import numpy as np, onnx, onnxruntime as ort
+import opforge
+ours, theirs, model_path, feeds_path, order = sys.argv[1:6]
+model = onnx.load(model_path)
+feeds = dict(np.load(feeds_path))
+report = {}
+def session(libraries):
+    so = ort.SessionOptions()
+    for lib in libraries:
+        so.register_custom_ops_library(lib)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+if order == "outputs":  # each library in its own session
+    for name, lib in (("ours", ours), ("theirs", theirs)):
+        report[name] = session([lib]).run(None, feeds)[0].tolist()
+else:
+    try:
+        if order == "ort_session":  # theirs registered by the user, ours by opforge.ort_session
+            so = ort.SessionOptions()
+            so.register_custom_ops_library(theirs)
+            opforge.ort_session(model, so)
+        else:
+            session([ours, theirs] if order == "ours_first" else [theirs, ours])
+        report["error"] = None
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(report))
+"""
+
+
+def _beside(tmp_path, theirs, model, feeds, order):
+    (tmp_path / "model.onnx").write_bytes(model.SerializeToString())
+    np.savez(tmp_path / "feeds.npz", **{k: v.numpy() for k, v in feeds.items()})
+    proc = subprocess.run([sys.executable, "-c", _BESIDE, opforge.mmdeploy_library_path(), str(theirs),
+                           str(tmp_path / "model.onnx"), str(tmp_path / "feeds.npz"), order],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, f"the child crashed or failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _dcn_case(groups, dg, c):
+    x, offset, mask, weight, bias = dcn_inputs(c=c, o=2 * groups, groups=groups, dg=dg, seed=7)
+    model = dcn_model(torch.float32, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=groups, deform_groups=dg)
+    feeds = dict(input=x, offset=offset, mask=mask, weight=weight, bias=bias)
+    return model, feeds, torchvision_dcn(x, offset, mask, weight, bias, 1, 1, 1)
+
+
+@pytest.mark.parametrize("order", ["ours_first", "theirs_first", "ort_session"])
+def test_mmdeploy_own_library_in_the_same_options_is_a_clear_error(tmp_path, mmdeploy_own_library, order):
+    model, feeds, _ = _dcn_case(1, 1, 8)
+    report = _beside(tmp_path, mmdeploy_own_library, model, feeds, order)
+    assert "Domain already set in registry" in report["error"]
+    if order == "ort_session":
+        assert report["error"].startswith("ConflictingOrtLibraries") and "register only one of the two" in report["error"]
+
+
+@pytest.mark.parametrize("groups,dg,c,mmdeploy_right", [
+    (1, 1, 8, True),    # (C/groups)*9 = 72, a multiple of 8: mmdeploy's kernel is right
+    (2, 2, 16, False),  # groups > 1 with deform_groups > 1: mmdeploy splits each group's channels among the deform groups
+    (1, 1, 6, False),   # (C/groups)*9 = 54, not a multiple of 8: mmdeploy's unrolled GEMM reads past its buffers
+])
+def test_mmdeploy_dcn_defects_against_torchvision(tmp_path, mmdeploy_own_library, groups, dg, c, mmdeploy_right):
+    model, feeds, want = _dcn_case(groups, dg, c)
+    report = _beside(tmp_path, mmdeploy_own_library, model, feeds, "outputs")
+    ours, theirs = (torch.tensor(report[k], dtype=torch.float64) for k in ("ours", "theirs"))
+    torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
+    theirs_error = (theirs - want).abs().max().item()
+    assert (theirs_error < 1e-3) == mmdeploy_right, theirs_error

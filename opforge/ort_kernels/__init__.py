@@ -293,6 +293,25 @@ class MissingOrtKernels(RuntimeError):
 MissingOpforgeKernels = MissingOrtKernels
 
 
+class ConflictingOrtLibraries(RuntimeError):
+    """Two custom-op libraries in one SessionOptions serve the same ONNX domain (ONNX Runtime
+    refuses the session: "Domain already set in registry")."""
+
+
+#: Other projects' libraries whose domains an opforge library also serves: file name -> opforge's.
+_REPLACED_LIBRARIES = {"libmmdeploy_onnxruntime_ops.so": _MMDEPLOY_LIB_NAME}
+
+
+def _mapped_replaced_libraries() -> list[str]:
+    """The libraries of _REPLACED_LIBRARIES this process has loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            names = {os.path.basename(line.split()[-1]) for line in maps if len(line.split()) >= 6}
+    except OSError:
+        return []
+    return sorted(n for n in names if n in _REPLACED_LIBRARIES)
+
+
 def _load_model(model) -> tuple[Union[str, bytes], onnx.ModelProto]:
     if isinstance(model, onnx.ModelProto):
         return model.SerializeToString(), model
@@ -490,6 +509,13 @@ def ort_session(
         return session
     except Exception as exc:  # ORT raises its own pybind exception types
         text = str(exc)
+        if "Domain already set in registry" in text:
+            others = _mapped_replaced_libraries()
+            why = "".join(f"; {o} is loaded in this process: {_REPLACED_LIBRARIES[o]} (opforge) replaces it, so "
+                          "register only one of the two" for o in others)
+            raise ConflictingOrtLibraries(
+                f"opforge.ort_session: two custom-op libraries in these SessionOptions serve the same ONNX domain "
+                f"(the model uses {sorted(needed)}){why}. ONNX Runtime said: {text}") from exc
         if not needed or "not a registered function/op" not in text:
             raise
         missing = [d for d in needed if d in unknown or not _has_domain(so, d)]
@@ -573,6 +599,7 @@ def check_library_kernels(domain: str, specs=None) -> list[str]:
 
 
 __all__ = [
+    "ConflictingOrtLibraries",
     "ENTRY_POINT_GROUP",
     "ORTX_DOMAIN",
     "ORTX_DOMAINS",
