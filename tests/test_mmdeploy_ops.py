@@ -587,3 +587,19 @@ def test_mmdeploy_dcn_defects_against_torchvision(tmp_path, mmdeploy_own_library
     torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
     theirs_error = (theirs - want).abs().max().item()
     assert (theirs_error < 1e-3) == mmdeploy_right, theirs_error
+
+
+def test_int_attributes_crash_mmdeploy_own_library_but_not_ours(tmp_path, mmdeploy_own_library):
+    """mmdeploy writes INT stride/padding/dilation for mmcv.ops.modulated_deform_conv2d called with plain ints; its
+    library reads them as INTS and crashes creating the session. Ours computes torchvision's result."""
+    x, offset, mask, weight, bias = dcn_inputs(groups=1, dg=1, c=4)
+    model = dcn_model(torch.float32, stride=1, padding=1, dilation=1, groups=1, deform_groups=1)
+    (tmp_path / "model.onnx").write_bytes(model.SerializeToString())
+    child = ("import sys, onnxruntime as ort\nso = ort.SessionOptions()\nso.register_custom_ops_library(sys.argv[1])\n"
+             "ort.InferenceSession(sys.argv[2], so, providers=['CPUExecutionProvider'])\nprint('created')")
+    proc = subprocess.run([sys.executable, "-c", child, str(mmdeploy_own_library), str(tmp_path / "model.onnx")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode < 0 and "created" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    got = run(model, x, offset, mask, weight, bias)
+    torch.testing.assert_close(got.double(), torchvision_dcn(x, offset, mask, weight, bias, 1, 1, 1), rtol=1e-4,
+                               atol=1e-4)

@@ -156,6 +156,16 @@ def test_nms_rotated_benchmark_reports_the_ratio_and_identical_keep(tmp_path):
     assert 0 < shape["kept"] < shape["boxes"] and 0 < shape["pruned_pairs"] < shape["all_pairs"]
 
 
+def test_mmdeploy_dcn_benchmark_reports_ratios_and_agreement(tmp_path):
+    out = run([str(ROOT / "benchmarks" / "bench_mmdeploy_dcn.py"), "--quick", "--json"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = json.loads(out.stdout)["results"]
+    assert [(r["shape"]["groups"], r["shape"]["deform_groups"]) for r in results] == [(1, 1), (2, 2)]
+    for r in results:
+        assert r["ratio_vs_opforge"] > 0 and r["speedup_vs_ort_builtin"] > 0  # timing: reported, never gated
+        assert max(r["max_abs_error_vs_torchvision"].values()) < 1e-3, r
+
+
 def test_torchvision_patch_benchmark_reports_speedups_and_agreement(tmp_path):
     out = run([str(ROOT / "benchmarks" / "bench_torchvision_patch.py"), "--batch", "1", "--size", "64",
                "--repeats", "1", "--json"], cwd=tmp_path)
