@@ -228,3 +228,84 @@ def test_exported_models_run_on_a_box_without_cuda(supported_runtime_venvs, depl
                                  "cannot open shared object file"), status
     else:
         assert statuses == {None}
+
+
+# ---- libopforge_mmdeploy.so: mmdeploy's node forms, the library copied alone --------------------
+
+def _node_case(root: Path, name: str, model, inputs: dict, expected, tol: float) -> dict:
+    case_dir = root / name
+    case_dir.mkdir()
+    (case_dir / "model.onnx").write_bytes(model.SerializeToString())
+    paths = {}
+    for key, value in inputs.items():
+        np.save(case_dir / f"{key}.npy", to_numpy(value))
+        paths[key] = str(case_dir / f"{key}.npy")
+    np.save(case_dir / "expected0.npy", expected)
+    return {"name": name, "model": str(case_dir / "model.onnx"), "inputs": paths,
+            "expected": [str(case_dir / "expected0.npy")], "rtol": tol, "atol": tol}
+
+
+@pytest.fixture(scope="session")
+def mmdeploy_deployment(tmp_path_factory) -> Path:
+    """One node of each of mmdeploy's five forms with references computed here, and
+    libopforge_mmdeploy.so copied alone into its own directory."""
+    import torch.nn.functional as F
+    from onnx import TensorProto
+
+    import test_mmdeploy_ops as mm
+    from test_roi_align_rotated import torch_roi_align_rotated
+
+    root = tmp_path_factory.mktemp("mmdeploy-models")
+    x, offset, mask, weight, bias = mm.dcn_inputs()
+    dcn = mm.dcn_model(torch.float32, stride=1, padding=1, dilation=1, groups=2, deform_groups=2)
+    feat = torch.randn(2, 3, 10, 12, generator=torch.Generator().manual_seed(1))
+    rois = mm.rotated_rois(5, 2, 20.0, seed=2).float()
+    grid = torch.rand(2, 6, 7, 2, generator=torch.Generator().manual_seed(3)) * 2.4 - 1.2
+    boxes, scores = mm.detections(2, 30, 3, seed=4)
+    aa_boxes, aa_scores = mm.axis_aligned(2, 30, 2, seed=5)
+    thresholds = [torch.tensor([0.3]), torch.tensor([0.1])]
+    cases = [
+        _node_case(root, "grid_sampler-bicubic-border", mm.mmdeploy_model(
+            "grid_sampler", [("input", TensorProto.FLOAT), ("grid", TensorProto.FLOAT)], [("output", TensorProto.FLOAT)],
+            interpolation_mode=2, padding_mode=1, align_corners=0), {"input": feat, "grid": grid},
+            to_numpy(F.grid_sample(feat, grid, mode="bicubic", padding_mode="border", align_corners=False)), 1e-4),
+        _node_case(root, "dcn-int-attrs-groups2-dg2", dcn,
+                   dict(input=x, offset=offset, mask=mask, weight=weight, bias=bias),
+                   to_numpy(mm.torchvision_dcn(x, offset, mask, weight, bias, 1, 1, 1).float()), 1e-4),
+        _node_case(root, "roi_align_rotated", mm.roi_model(torch.float32, output_height=2, output_width=3,
+                                                           spatial_scale=0.5, sampling_ratio=0, aligned=1, clockwise=1),
+                   {"input": feat, "rois": rois},
+                   to_numpy(torch_roi_align_rotated(feat, rois, (2, 3), 0.5, 0, True, True).float()), 1e-4),
+        _node_case(root, "nms_rotated", mm.nms_rotated_model(torch.float32, iou_threshold=0.2, score_threshold=0.1),
+                   {"boxes": boxes, "scores": scores}, mm.nms_rotated_reference(boxes, scores, 0.2, 0.1), 0),
+        _node_case(root, "nms_match", mm.nms_match_model(torch.float32),
+                   {"boxes": aa_boxes, "scores": aa_scores, "iou_threshold": thresholds[0],
+                    "score_threshold": thresholds[1]},
+                   mm.nms_match_reference(aa_boxes, aa_scores, thresholds[0].item(), thresholds[1].item()), 0),
+    ]
+    library_dir = tmp_path_factory.mktemp("mmdeploy-lib")
+    library = Path(shutil.copy2(opforge.mmdeploy_library_path(), library_dir))
+    assert os.listdir(library_dir) == ["libopforge_mmdeploy.so"]
+    spec = tmp_path_factory.mktemp("mmdeploy-spec") / "spec.json"
+    spec.write_text(json.dumps({"library": str(library), "cases": cases}))
+    return spec
+
+
+@pytest.mark.parametrize("version", list(SUPPORTED))
+def test_mmdeploy_node_forms_run_with_only_the_library_copied(version, supported_runtime_venvs, mmdeploy_deployment):
+    report = run_deployed(supported_runtime_venvs[version], mmdeploy_deployment)
+    _assert_bare_environment(report, version)
+    failed = {name: result for name, result in report["cases"].items() if not result["ok"]}
+    assert not failed, "\n\n".join(f"{name} (at {r['stage']}): {r['traceback']}" for name, r in failed.items())
+    assert len(report["cases"]) == 5
+    spec = json.loads(mmdeploy_deployment.read_text())
+    assert report["mapped_libraries"] == [os.path.realpath(spec["library"])], report["mapped_libraries"]
+
+
+@pytest.mark.parametrize("version", list(TOO_OLD))
+def test_mmdeploy_library_refuses_too_old_onnxruntime(version, too_old_runtime_venvs, mmdeploy_deployment):
+    report = run_deployed(too_old_runtime_venvs[version], mmdeploy_deployment)
+    for name, result in report["cases"].items():
+        assert not result["ok"] and result["stage"] == "register", (name, result)
+        assert (f"libopforge_mmdeploy needs ONNX Runtime API version {NEEDED_API_VERSION} " in result["error"]
+                and f"this runtime is onnxruntime {version};" in result["error"]), result["error"]
