@@ -15,7 +15,8 @@
 //   then clamped). Bilinear and nearest pad the sampling coordinate; bicubic
 //   pads each of its 16 tap coordinates, as torch does.
 // The arithmetic (unnormalisation, the weights, the order of the sums) is
-// torch's, so float32 results agree with torch to the last bits.
+// torch's, so results agree with torch's to rounding (a few ulps: where
+// either build contracts a multiply-add into an FMA).
 //
 // The grid is run-time data. Every coordinate is range-checked or clamped in
 // floating point before it becomes an integer, so no value reads outside the
@@ -27,24 +28,29 @@
 //     of +-inf -> 0) for all three modes (torch: the same for bilinear and
 //     nearest; NaN for bicubic);
 //   * huge finite coordinates (1e30): zeros -> outside (0), border -> the
-//     edge, reflection -> the exact reflection (fmod; torch's float32
+//     edge, reflection -> the exact reflection (fmod; bicubic: of each tap; torch's float32
 //     reflection loses precision past ~2^24 and differs there).
 // A tap outside the map under zeros padding gets weight 0 and a clamped index
 // (the sum stays branch-free); a non-finite input value at that clamped index
 // would then give NaN (0 * inf) where torch's masked read gives 0.
 //
-// Speed (CPU): work items are (image, block of kGridSampleBlock output
-// pixels, block of channels). An item computes its pixels' taps once (plane
-// offsets and weights: 1 nearest, 2 x 2 bilinear, 4 + 4 separable bicubic)
-// and applies them to each channel plane in a unit-stride loop over the
-// pixels: gathers the compiler vectorises at the widest vectors the CPU has
-// (cpu_dispatch.h). Each output element is computed by the same code whatever
-// the split, so results do not depend on the thread count.
+// Speed (CPU): work items are (image, block of output pixels, block of
+// channels). An item computes its pixels' taps once (a table, one struct per
+// pixel: 1 tap for nearest, a 2 x 2 window inside the map for bilinear,
+// 4 + 4 separable taps for bicubic) and applies them to every channel of the
+// block, kGridSampleChannelUnroll planes per pass over the table. The channel
+// loops stay scalar on purpose: they are gathers, which compilers do not
+// vectorise for current x86 CPUs (and which are slow there). Channels are
+// split across items only when (image, pixel block) items are too few to
+// feed the threads. Each output element is computed by the same code
+// whatever the split, so results do not depend on the thread count (they
+// may differ in the last bit between the ISA clones: FMA contraction).
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -307,215 +313,325 @@ OPFORGE_HD_INLINE A grid_sample_point(const GridSampleParams& p, const T* plane,
 
 // ---- CPU kernel -------------------------------------------------------------------------
 
-// Output pixels per work item (one tap table).
-constexpr int64_t kGridSampleBlock = 256;
-// Tap reads per work item the channel blocking aims at (channels split when more).
-constexpr int64_t kGridSampleItemWork = int64_t(1) << 17;
+// Output pixels per work item (one tap table), at most: long unit-stride sweeps over a
+// channel plane for the cheap modes, a table that stays in L1 for bicubic.
+constexpr int64_t kGridSampleBlock = 2048;
+// Work items are split by channels (taps then computed once per channel block) only when
+// the (image, pixel block) items alone are fewer than this, to give every thread work.
+constexpr int64_t kGridSampleMinItems = 32;
+// Channels one pass over a block's taps serves (the taps are loaded once for all of them).
+constexpr int64_t kGridSampleChannelUnroll = 4;
+
+inline int64_t grid_sample_block(const GridSampleParams& p) {  // grid_sample_table_bytes has these
+  return p.interpolation == kGridSampleNearest ? 2048 : p.interpolation == kGridSampleBicubic ? 256 : 1024;
+}
 
 // How the output is cut into work items: (image, pixel block, channel block).
 struct GridSampleWork {
-  int64_t pixel_blocks = 0, channel_block = 1, channel_blocks = 0, items = 0;
+  int64_t block = 0, pixel_blocks = 0, channel_block = 1, channel_blocks = 0, items = 0;
 };
-
-inline int64_t grid_sample_taps(const GridSampleParams& p) {
-  return p.interpolation == kGridSampleNearest ? 1 : p.interpolation == kGridSampleBicubic ? 16 : 4;
-}
 
 inline GridSampleWork grid_sample_work(const GridSampleParams& p) {
   GridSampleWork w;
   const int64_t pixels = p.out_plane();
   if (p.batch == 0 || p.channels == 0 || pixels == 0) return w;
-  w.pixel_blocks = (pixels + kGridSampleBlock - 1) / kGridSampleBlock;
-  const int64_t block = std::min(pixels, kGridSampleBlock);
-  const int64_t per_channel = block * grid_sample_taps(p);
-  w.channel_block = std::min(p.channels, std::max<int64_t>(1, kGridSampleItemWork / per_channel));
+  w.block = grid_sample_block(p);
+  w.pixel_blocks = (pixels + w.block - 1) / w.block;
+  const int64_t spatial = p.batch * w.pixel_blocks;  // <= output elements: no overflow below
+  int64_t split = 1;
+  if (spatial < kGridSampleMinItems)  // at least 2 x K channels per item
+    split = std::min((kGridSampleMinItems + spatial - 1) / spatial,
+                     std::max<int64_t>(1, p.channels / (2 * kGridSampleChannelUnroll)));
+  const int64_t per = (p.channels + split - 1) / split;
+  w.channel_block = (per + kGridSampleChannelUnroll - 1) / kGridSampleChannelUnroll * kGridSampleChannelUnroll;
   w.channel_blocks = (p.channels + w.channel_block - 1) / w.channel_block;
-  w.items = p.batch * w.pixel_blocks * w.channel_blocks;  // <= output elements: fits
+  w.items = spatial * w.channel_blocks;
   return w;
 }
 
-// One pixel block's taps. I: the plane-offset type (int32_t when H*W fits).
-// nearest: off[0], w[0]; bilinear: off[0..3], w[0..3] (2-D, corners nw ne sw se);
-// bicubic: off[i] = row i's offset, col[j], w[j] = x weights, wy[i] = y weights.
+// One output pixel's taps, by mode (a block's table is an array of them: one stream
+// per loop). I: the plane-offset type (int32_t when H*W fits).
 template <typename A, typename I>
-struct GridSampleTaps {
-  alignas(64) I off[4][kGridSampleBlock];
-  alignas(64) I col[4][kGridSampleBlock];
-  alignas(64) A w[4][kGridSampleBlock];
-  alignas(64) A wy[4][kGridSampleBlock];
+struct GridSampleNearestTap {  // the pixel; weight 1, or 0 outside under zeros padding
+  I off;
+  A w;
+};
+template <typename A, typename I>
+struct GridSamplePairTap {  // bilinear, H and W >= 2: the 2 x 2 window at off, in the map;
+  I off;                    // corner weights nw ne sw se, the taps outside the map folded out
+  A w[4];
+};
+template <typename A, typename I>
+struct GridSampleBilinearTap {  // bilinear, H or W = 1: the four corners
+  I off[4];
+  A w[4];
+};
+template <typename A, typename I>
+struct GridSampleBicubicTap {  // row offsets (i * W), columns, x and y weights
+  I row[4], col[4];
+  A wx[4], wy[4];
 };
 
+// Bytes of one block's table, enough for every mode's tap form and block.
 template <typename A, typename I>
-OPFORGE_ALWAYS_INLINE void grid_sample_build_taps(const GridSampleParams& p, const A* grid, int64_t n,
-                                                  GridSampleTaps<A, I>& t) {
+constexpr size_t grid_sample_table_bytes() {
+  return std::max({sizeof(GridSampleNearestTap<A, I>) * 2048, sizeof(GridSampleBilinearTap<A, I>) * 1024,
+                   sizeof(GridSampleBicubicTap<A, I>) * 256});
+}
+
+// An axis' two bilinear taps (from grid_sample_bilinear_axis: invalid ones have weight 0)
+// as a window [s, s + 1] inside [0, size) (size >= 2) with weights (a, b): adding the
+// exact zeros keeps every non-zero term, in torch's order.
+template <typename A>
+OPFORGE_HD_INLINE int64_t grid_sample_bilinear_window(const int64_t* idx, const A* w, int64_t size, A* a, A* b) {
+  const int64_t s = idx[0] < size - 2 ? idx[0] : size - 2;
+  *a = (idx[0] == s ? w[0] : A(0)) + (idx[1] == s ? w[1] : A(0));
+  *b = (idx[0] == s + 1 ? w[0] : A(0)) + (idx[1] == s + 1 ? w[1] : A(0));
+  return s;
+}
+
+// Fills `table` (grid_sample_table_bytes) with the taps of n pixels of grid.
+template <typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_build_taps(const GridSampleParams& p, bool pair, const A* grid, int64_t n,
+                                                  void* table) {
   const int64_t W = p.in_w, H = p.in_h, pad = p.padding;
   const bool ac = p.align_corners;
   int64_t ix[4], iy[4];
   A wx[4], wy[4];
   switch (p.interpolation) {
-    case kGridSampleNearest:
+    case kGridSampleNearest: {
+      auto* t = static_cast<GridSampleNearestTap<A, I>*>(table);
       for (int64_t q = 0; q < n; ++q) {
         grid_sample_nearest_axis(grid[2 * q], W, pad, ac, ix, wx);
         grid_sample_nearest_axis(grid[2 * q + 1], H, pad, ac, iy, wy);
-        t.off[0][q] = static_cast<I>(iy[0] * W + ix[0]);
-        t.w[0][q] = wy[0] * wx[0];
+        t[q].off = static_cast<I>(iy[0] * W + ix[0]);
+        t[q].w = wy[0] * wx[0];
       }
       break;
-    case kGridSampleBicubic:
+    }
+    case kGridSampleBicubic: {
+      auto* t = static_cast<GridSampleBicubicTap<A, I>*>(table);
       for (int64_t q = 0; q < n; ++q) {
         grid_sample_bicubic_axis(grid[2 * q], W, pad, ac, ix, wx);
         grid_sample_bicubic_axis(grid[2 * q + 1], H, pad, ac, iy, wy);
         for (int j = 0; j < 4; ++j) {
-          t.off[j][q] = static_cast<I>(iy[j] * W);
-          t.col[j][q] = static_cast<I>(ix[j]);
-          t.w[j][q] = wx[j];
-          t.wy[j][q] = wy[j];
+          t[q].row[j] = static_cast<I>(iy[j] * W);
+          t[q].col[j] = static_cast<I>(ix[j]);
+          t[q].wx[j] = wx[j];
+          t[q].wy[j] = wy[j];
         }
       }
       break;
+    }
     default:
-      for (int64_t q = 0; q < n; ++q) {
-        grid_sample_bilinear_axis(grid[2 * q], W, pad, ac, ix, wx);
-        grid_sample_bilinear_axis(grid[2 * q + 1], H, pad, ac, iy, wy);
-        t.off[0][q] = static_cast<I>(iy[0] * W + ix[0]);
-        t.off[1][q] = static_cast<I>(iy[0] * W + ix[1]);
-        t.off[2][q] = static_cast<I>(iy[1] * W + ix[0]);
-        t.off[3][q] = static_cast<I>(iy[1] * W + ix[1]);
-        t.w[0][q] = wy[0] * wx[0];
-        t.w[1][q] = wy[0] * wx[1];
-        t.w[2][q] = wy[1] * wx[0];
-        t.w[3][q] = wy[1] * wx[1];
+      if (pair) {
+        auto* t = static_cast<GridSamplePairTap<A, I>*>(table);
+        for (int64_t q = 0; q < n; ++q) {
+          grid_sample_bilinear_axis(grid[2 * q], W, pad, ac, ix, wx);
+          grid_sample_bilinear_axis(grid[2 * q + 1], H, pad, ac, iy, wy);
+          A xa, xb, ya, yb;
+          const int64_t sx = grid_sample_bilinear_window(ix, wx, W, &xa, &xb);
+          const int64_t sy = grid_sample_bilinear_window(iy, wy, H, &ya, &yb);
+          t[q].off = static_cast<I>(sy * W + sx);
+          t[q].w[0] = ya * xa;
+          t[q].w[1] = ya * xb;
+          t[q].w[2] = yb * xa;
+          t[q].w[3] = yb * xb;
+        }
+      } else {
+        auto* t = static_cast<GridSampleBilinearTap<A, I>*>(table);
+        for (int64_t q = 0; q < n; ++q) {
+          grid_sample_bilinear_axis(grid[2 * q], W, pad, ac, ix, wx);
+          grid_sample_bilinear_axis(grid[2 * q + 1], H, pad, ac, iy, wy);
+          t[q].off[0] = static_cast<I>(iy[0] * W + ix[0]);
+          t[q].off[1] = static_cast<I>(iy[0] * W + ix[1]);
+          t[q].off[2] = static_cast<I>(iy[1] * W + ix[0]);
+          t[q].off[3] = static_cast<I>(iy[1] * W + ix[1]);
+          t[q].w[0] = wy[0] * wx[0];
+          t[q].w[1] = wy[0] * wx[1];
+          t[q].w[2] = wy[1] * wx[0];
+          t[q].w[3] = wy[1] * wx[1];
+        }
       }
       break;
   }
 }
 
-// One channel plane x through one block's taps into dst[0:n] (unit stride: vectorised gathers).
-template <typename A, typename I>
-OPFORGE_ALWAYS_INLINE void grid_sample_nearest_row(const A* __restrict x, const I* __restrict o,
-                                                   const A* __restrict w, A* __restrict dst, int64_t n) {
-  for (int64_t q = 0; q < n; ++q) dst[q] = x[o[q]] * w[q];
+// K channel planes (x + k * in_plane) through one block's taps into dst + k * dst_stride,
+// [0, n). A pixel's taps are loaded once for the K channels; the loops are scalar
+// (gathers, which compilers leave scalar for today's CPUs), K independent chains each.
+template <int K, typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_nearest_rows(const A* x, int64_t in_plane,
+                                                    const GridSampleNearestTap<A, I>* t, A* dst, int64_t dst_stride,
+                                                    int64_t n) {
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t o = t[q].off;
+    const A w = t[q].w;
+    A r[K];
+    for (int k = 0; k < K; ++k) r[k] = x[k * in_plane + o] * w;
+    for (int k = 0; k < K; ++k) dst[k * dst_stride + q] = r[k];
+  }
 }
 
-template <typename A, typename I>
-OPFORGE_ALWAYS_INLINE void grid_sample_bilinear_row(const A* __restrict x, const GridSampleTaps<A, I>& t,
-                                                    A* __restrict dst, int64_t n) {
-  const I* __restrict o0 = t.off[0];
-  const I* __restrict o1 = t.off[1];
-  const I* __restrict o2 = t.off[2];
-  const I* __restrict o3 = t.off[3];
-  const A* __restrict w0 = t.w[0];
-  const A* __restrict w1 = t.w[1];
-  const A* __restrict w2 = t.w[2];
-  const A* __restrict w3 = t.w[3];
-  for (int64_t q = 0; q < n; ++q) dst[q] = x[o0[q]] * w0[q] + x[o1[q]] * w1[q] + x[o2[q]] * w2[q] + x[o3[q]] * w3[q];
+template <int K, typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_pair_rows(const A* x, int64_t in_plane, int64_t W,
+                                                 const GridSamplePairTap<A, I>* t, A* dst, int64_t dst_stride,
+                                                 int64_t n) {
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t o = t[q].off;
+    const A w0 = t[q].w[0], w1 = t[q].w[1], w2 = t[q].w[2], w3 = t[q].w[3];
+    A r[K];
+    for (int k = 0; k < K; ++k) {
+      const A* top = x + k * in_plane + o;
+      const A* bottom = top + W;
+      r[k] = top[0] * w0 + top[1] * w1 + bottom[0] * w2 + bottom[1] * w3;
+    }
+    for (int k = 0; k < K; ++k) dst[k * dst_stride + q] = r[k];
+  }
 }
 
-template <typename A, typename I>
-OPFORGE_ALWAYS_INLINE void grid_sample_bicubic_row(const A* __restrict x, const GridSampleTaps<A, I>& t,
-                                                   A* __restrict dst, int64_t n) {
-  const I* __restrict c0 = t.col[0];
-  const I* __restrict c1 = t.col[1];
-  const I* __restrict c2 = t.col[2];
-  const I* __restrict c3 = t.col[3];
-  const A* __restrict wx0 = t.w[0];
-  const A* __restrict wx1 = t.w[1];
-  const A* __restrict wx2 = t.w[2];
-  const A* __restrict wx3 = t.w[3];
-  for (int i = 0; i < 4; ++i) {
-    const I* __restrict r = t.off[i];
-    const A* __restrict wy = t.wy[i];
-    if (i == 0) {
-      for (int64_t q = 0; q < n; ++q) {
-        const A* row = x + r[q];
-        dst[q] = (row[c0[q]] * wx0[q] + row[c1[q]] * wx1[q] + row[c2[q]] * wx2[q] + row[c3[q]] * wx3[q]) * wy[q];
-      }
-    } else {
-      for (int64_t q = 0; q < n; ++q) {
-        const A* row = x + r[q];
-        dst[q] += (row[c0[q]] * wx0[q] + row[c1[q]] * wx1[q] + row[c2[q]] * wx2[q] + row[c3[q]] * wx3[q]) * wy[q];
+template <int K, typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_bilinear_rows(const A* x, int64_t in_plane,
+                                                     const GridSampleBilinearTap<A, I>* t, A* dst,
+                                                     int64_t dst_stride, int64_t n) {
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t o0 = t[q].off[0], o1 = t[q].off[1], o2 = t[q].off[2], o3 = t[q].off[3];
+    const A w0 = t[q].w[0], w1 = t[q].w[1], w2 = t[q].w[2], w3 = t[q].w[3];
+    A r[K];
+    for (int k = 0; k < K; ++k) {
+      const A* xk = x + k * in_plane;
+      r[k] = xk[o0] * w0 + xk[o1] * w1 + xk[o2] * w2 + xk[o3] * w3;
+    }
+    for (int k = 0; k < K; ++k) dst[k * dst_stride + q] = r[k];
+  }
+}
+
+template <int K, typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_bicubic_rows(const A* x, int64_t in_plane,
+                                                    const GridSampleBicubicTap<A, I>* t, A* dst, int64_t dst_stride,
+                                                    int64_t n) {
+  for (int64_t q = 0; q < n; ++q) {
+    const GridSampleBicubicTap<A, I>& tap = t[q];
+    const int64_t c0 = tap.col[0], c1 = tap.col[1], c2 = tap.col[2], c3 = tap.col[3];
+    const A wx0 = tap.wx[0], wx1 = tap.wx[1], wx2 = tap.wx[2], wx3 = tap.wx[3];
+    A r[K];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = tap.row[i];
+      const A wy = tap.wy[i];
+      for (int k = 0; k < K; ++k) {
+        const A* xr = x + k * in_plane + row;
+        const A v = (xr[c0] * wx0 + xr[c1] * wx1 + xr[c2] * wx2 + xr[c3] * wx3) * wy;
+        r[k] = i == 0 ? v : r[k] + v;
       }
     }
+    for (int k = 0; k < K; ++k) dst[k * dst_stride + q] = r[k];
+  }
+}
+
+template <int K, typename A, typename I>
+OPFORGE_ALWAYS_INLINE void grid_sample_channels(const GridSampleParams& p, bool pair, const A* x, const void* table,
+                                                A* dst, int64_t dst_stride, int64_t n) {
+  const int64_t in_plane = p.in_plane();
+  switch (p.interpolation) {
+    case kGridSampleNearest:
+      return grid_sample_nearest_rows<K>(x, in_plane, static_cast<const GridSampleNearestTap<A, I>*>(table), dst,
+                                         dst_stride, n);
+    case kGridSampleBicubic:
+      return grid_sample_bicubic_rows<K>(x, in_plane, static_cast<const GridSampleBicubicTap<A, I>*>(table), dst,
+                                         dst_stride, n);
+    default:
+      if (pair)
+        return grid_sample_pair_rows<K>(x, in_plane, p.in_w, static_cast<const GridSamplePairTap<A, I>*>(table), dst,
+                                        dst_stride, n);
+      return grid_sample_bilinear_rows<K>(x, in_plane, static_cast<const GridSampleBilinearTap<A, I>*>(table), dst,
+                                          dst_stride, n);
   }
 }
 
 // Items [begin, end) of grid_sample_work(p). input and grid in A (float or
 // double; 16-bit tensors widened by the caller), out in Out: A itself, or a
-// 16-bit type each result is rounded to once (through scratch).
+// 16-bit type each result is rounded to once (through scratch, K x block).
 template <typename A, typename I, typename Out>
 OPFORGE_ALWAYS_INLINE void grid_sample_forward_impl(const GridSampleParams& p, const GridSampleWork& work,
                                                     const A* input, const A* grid, Out* out, int64_t begin,
-                                                    int64_t end, GridSampleTaps<A, I>& t, A* scratch) {
+                                                    int64_t end, void* table, A* scratch) {
+  constexpr int64_t K = kGridSampleChannelUnroll;
   const int64_t C = p.channels, in_plane = p.in_plane(), out_plane = p.out_plane();
+  const bool pair = p.in_h >= 2 && p.in_w >= 2;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t cb = item % work.channel_blocks;
     const int64_t rest = item / work.channel_blocks;
     const int64_t block = rest % work.pixel_blocks, b = rest / work.pixel_blocks;
-    const int64_t q0 = block * kGridSampleBlock, n = std::min(kGridSampleBlock, out_plane - q0);
+    const int64_t q0 = block * work.block, n = std::min(work.block, out_plane - q0);
     const int64_t c0 = cb * work.channel_block, c1 = std::min(C, c0 + work.channel_block);
-    grid_sample_build_taps<A, I>(p, grid + (b * out_plane + q0) * 2, n, t);
-    for (int64_t c = c0; c < c1; ++c) {
+    grid_sample_build_taps<A, I>(p, pair, grid + (b * out_plane + q0) * 2, n, table);
+    for (int64_t c = c0; c < c1;) {
+      const int64_t k = c1 - c >= K ? K : 1;
       const A* x = input + (b * C + c) * in_plane;
       Out* o = out + (b * C + c) * out_plane + q0;
       A* dst;
-      if constexpr (std::is_same_v<Out, A>)
+      int64_t stride;
+      if constexpr (std::is_same_v<Out, A>) {
         dst = o;
-      else
+        stride = out_plane;
+      } else {
         dst = scratch;
-      switch (p.interpolation) {
-        case kGridSampleNearest:
-          grid_sample_nearest_row<A, I>(x, t.off[0], t.w[0], dst, n);
-          break;
-        case kGridSampleBicubic:
-          grid_sample_bicubic_row<A, I>(x, t, dst, n);
-          break;
-        default:
-          grid_sample_bilinear_row<A, I>(x, t, dst, n);
-          break;
+        stride = kGridSampleBlock;
       }
+      if (k == K)
+        grid_sample_channels<K, A, I>(p, pair, x, table, dst, stride, n);
+      else
+        grid_sample_channels<1, A, I>(p, pair, x, table, dst, stride, n);
       if constexpr (!std::is_same_v<Out, A>)
-        for (int64_t q = 0; q < n; ++q) o[q] = store<Out>(scratch[q]);
+        for (int64_t j = 0; j < k; ++j)
+          for (int64_t q = 0; q < n; ++q) o[j * out_plane + q] = store<Out>(scratch[j * kGridSampleBlock + q]);
+      c += k;
     }
   }
 }
 
-// ISA clones (cpu_dispatch.h): the always-inline bodies re-vectorise inside each.
+// ISA clones (cpu_dispatch.h): the always-inline bodies are compiled again inside each.
 template <typename A, typename I, typename Out>
 void grid_sample_forward_base(const GridSampleParams& p, const GridSampleWork& w, const A* input, const A* grid,
-                              Out* out, int64_t begin, int64_t end, GridSampleTaps<A, I>& t, A* scratch) {
-  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+                              Out* out, int64_t begin, int64_t end, void* table, A* scratch) {
+  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
 }
 #if OPFORGE_X86_DISPATCH
 template <typename A, typename I, typename Out>
 OPFORGE_TARGET_AVX2 void grid_sample_forward_avx2(const GridSampleParams& p, const GridSampleWork& w, const A* input,
                                                   const A* grid, Out* out, int64_t begin, int64_t end,
-                                                  GridSampleTaps<A, I>& t, A* scratch) {
-  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+                                                  void* table, A* scratch) {
+  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
 }
 template <typename A, typename I, typename Out>
 OPFORGE_TARGET_AVX512 void grid_sample_forward_avx512(const GridSampleParams& p, const GridSampleWork& w,
                                                       const A* input, const A* grid, Out* out, int64_t begin,
-                                                      int64_t end, GridSampleTaps<A, I>& t, A* scratch) {
-  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+                                                      int64_t end, void* table, A* scratch) {
+  grid_sample_forward_impl<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
 }
 #endif
 
 template <typename A, typename I, typename Out>
 inline void grid_sample_forward_indexed(const GridSampleParams& p, const GridSampleWork& w, const A* input,
                                         const A* grid, Out* out, int64_t begin, int64_t end) {
-  GridSampleTaps<A, I> t;  // 8-32 KiB on the stack: no allocation per item
-  alignas(64) A scratch[std::is_same_v<Out, A> ? 1 : kGridSampleBlock];
+  // One allocation per call (a call serves one or more whole items): the tap table, then
+  // for 16-bit outputs the K rows of float results before rounding.
+  constexpr size_t table_bytes = grid_sample_table_bytes<A, I>();
+  constexpr size_t scratch_count = std::is_same_v<Out, A> ? 0 : size_t(kGridSampleChannelUnroll * kGridSampleBlock);
+  std::unique_ptr<A[]> buffer(new A[(table_bytes + sizeof(A) - 1) / sizeof(A) + scratch_count]);
+  void* table = buffer.get();
+  A* scratch = buffer.get() + (table_bytes + sizeof(A) - 1) / sizeof(A);
 #if OPFORGE_X86_DISPATCH
   switch (cpu_isa()) {
     case Isa::kAvx512:
-      return grid_sample_forward_avx512<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+      return grid_sample_forward_avx512<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
     case Isa::kAvx2:
-      return grid_sample_forward_avx2<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+      return grid_sample_forward_avx2<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
     default:
       break;
   }
 #endif
-  grid_sample_forward_base<A, I, Out>(p, w, input, grid, out, begin, end, t, scratch);
+  grid_sample_forward_base<A, I, Out>(p, w, input, grid, out, begin, end, table, scratch);
 }
 
 // Work items [begin, end) of w = grid_sample_work(p): writes their part of
