@@ -15,8 +15,10 @@ the backward) over rotated, clockwise, legacy-clamped, outside, edge-touching an
 one-pixel-wide geometries; nms_rotated / batched_nms_rotated as the CUDA front end
 runs them (host plan, suppression-mask items in row chunks forced as small as one
 row, the host's greedy reduction per chunk), checked against the CPU kernels and
-the numpy greedy reference; and the exact rotated-box IoU the mask items use,
-against the reference and rectangle overlaps computed by hand. So the GPU indexing
+the numpy greedy reference; the exact rotated-box IoU the mask items use,
+against the reference and rectangle overlaps computed by hand; and grid_sample's
+forward items (mmdeploy::grid_sampler's CUDA EP kernel), against F.grid_sample and
+the ORT CPU kernel in all 18 modes and on NaN / inf / huge grids. So the GPU indexing
 and arithmetic are verified on any machine; what only a GPU can check (launches,
 atomics, cuBLAS, streams) is in test_cuda.py.
 """
@@ -732,3 +734,71 @@ def test_rotated_box_iou_axis_aligned_matches_rectangle_overlap(emu):
     assert (exact > 0.05).sum() > 50 and (exact == 0).sum() > 10
     np.testing.assert_allclose(_emu_iou(emu, a, b), exact, rtol=0, atol=1e-9)
     np.testing.assert_allclose(_ref_iou(a, b), exact, rtol=0, atol=1e-9)
+
+
+# ---- grid_sample (mmdeploy::grid_sampler): forward items vs F.grid_sample and the ORT CPU kernel ---------------
+
+GRID_MODES = [(i, p, ac) for i in range(3) for p in range(3) for ac in (0, 1)]
+
+
+def _grid_inputs(n, c, h, w, ho, wo, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64)
+    grid = torch.rand(n, ho, wo, 2, generator=g, dtype=torch.float64) * 3.2 - 1.6  # inside, at and past the border
+    grid[0, 0, :4] = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [-1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    return x.to(dtype), grid.to(dtype)
+
+
+def _grid_emulate(emu, x, grid, interpolation, padding, align_corners):
+    n, c, h, w = x.shape
+    _, ho, wo, _ = grid.shape
+    a = np.array([n, c, h, w, ho, wo, interpolation, padding, align_corners], dtype=np.int64)
+    out = np.full((n, c, ho, wo), np.nan, dtype=x.numpy().dtype)
+    fn = emu.emu_grid_sample_forward_f32 if x.dtype == torch.float32 else emu.emu_grid_sample_forward_f64
+    rc = fn(_ptr(a), _ptr(np.ascontiguousarray(x.numpy())), _ptr(np.ascontiguousarray(grid.numpy())), _ptr(out))
+    return rc, torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("interpolation,padding,align_corners", GRID_MODES)
+def test_grid_sample_items_match_grid_sample_and_the_cpu_kernel(emu, interpolation, padding, align_corners, dtype):
+    from onnx import TensorProto
+
+    from test_mmdeploy_ops import mmdeploy_model, run
+
+    x, grid = _grid_inputs(2, 3, 5, 7, 4, 6, dtype)
+    rc, got = _grid_emulate(emu, x, grid, interpolation, padding, align_corners)
+    assert rc == 0, emu.emu_last_error()
+    mode = ["bilinear", "nearest", "bicubic"][interpolation]
+    want = F.grid_sample(x.double(), grid.double(), mode=mode, padding_mode=["zeros", "border", "reflection"][padding],
+                         align_corners=bool(align_corners))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    t = TensorProto.FLOAT if dtype == torch.float32 else TensorProto.DOUBLE
+    cpu = run(mmdeploy_model("grid_sampler", [("input", t), ("grid", t)], [("output", t)],
+                             interpolation_mode=interpolation, padding_mode=padding, align_corners=align_corners), x, grid)
+    torch.testing.assert_close(got, cpu, rtol=tol, atol=tol)  # the CPU kernel's ISA clones may fuse multiply-adds
+
+
+def test_grid_sample_items_on_hostile_grids_match_the_cpu_kernel(emu):
+    """NaN, inf and huge coordinates: the items clamp before indexing, as the CPU kernel does, and give its values."""
+    from onnx import TensorProto
+
+    from test_mmdeploy_ops import mmdeploy_model, run
+
+    x, grid = _grid_inputs(1, 2, 4, 5, 3, 4, torch.float32)
+    grid.view(-1)[:8] = torch.tensor([float("nan"), 0.2, float("inf"), -float("inf"), 1e30, -1e30, 3e38, 0.0])
+    for interpolation, padding, align_corners in GRID_MODES:
+        rc, got = _grid_emulate(emu, x, grid, interpolation, padding, align_corners)
+        assert rc == 0, emu.emu_last_error()
+        cpu = run(mmdeploy_model("grid_sampler", [("input", TensorProto.FLOAT), ("grid", TensorProto.FLOAT)],
+                                 [("output", TensorProto.FLOAT)], interpolation_mode=interpolation,
+                                 padding_mode=padding, align_corners=align_corners), x, grid)
+        assert torch.isfinite(got).all(), (interpolation, padding, align_corners)
+        torch.testing.assert_close(got, cpu, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_items_refuse_bad_nodes(emu):
+    x, grid = _grid_inputs(1, 2, 4, 5, 3, 4, torch.float32)
+    assert _grid_emulate(emu, x, grid, 3, 0, 0)[0] == 1 and b"interpolation_mode" in emu.emu_last_error()
+    assert _grid_emulate(emu, x, grid, 0, 0, 2)[0] == 1 and b"align_corners" in emu.emu_last_error()

@@ -16,7 +16,8 @@
 // float64 geometry), the suppression-mask items in row chunks (the chunk size
 // can be forced small) and the host's greedy reduction of each chunk, as
 // ops/csrc/cuda/nms_rotated_cuda.cpp runs them; and the exact rotated-box IoU
-// the mask items use. So the GPU code's indexing and arithmetic are tested
+// the mask items use; for grid_sample (mmdeploy::grid_sampler) the front end's
+// shape and attribute checks and the forward items. So the GPU code's indexing and arithmetic are tested
 // against torchvision / grid_sample, numpy references and the CPU kernels on
 // machines without a GPU. Not part of the package.
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "core/deform_conv2d.h"
 #include "core/deform_conv2d_gpu.h"
+#include "core/grid_sample.h"
 #include "core/ms_deform_attn.h"
 #include "core/ms_deform_attn_gpu.h"
 #include "core/my_add_gpu.h"
@@ -264,6 +266,21 @@ int nms(int64_t n, const T* boxes, const T* scores, const int64_t* labels, doubl
 
 }  // namespace
 
+// grid_sample: a = [N, C, H, W, Ho, Wo, interpolation, padding, align_corners]. The ORT
+// CUDA kernel's checks (grid_sample_check_attrs at kernel creation, grid_sample_check at
+// run), then every item of launch_grid_sample_forward. 1: refused.
+template <typename T, typename A>
+int grid_forward(const int64_t* a, const T* input, const T* grid, T* out) {
+  std::string err = grid_sample_check_attrs(a[6], a[7], a[8]);
+  const int64_t input_shape[4] = {a[0], a[1], a[2], a[3]}, grid_shape[4] = {a[0], a[4], a[5], 2};
+  GridSampleParams p;
+  if (err.empty()) err = grid_sample_check(input_shape, 4, grid_shape, 4, a[6], a[7], a[8], p);
+  if (!err.empty()) return refuse(1, err);
+  const int64_t items = p.batch * p.channels * p.out_plane();
+  for (int64_t i = 0; i < items; ++i) grid_sample_forward_item<T, A>(p, i, input, grid, out);
+  return 0;
+}
+
 extern "C" {
 int emu_deform_forward_f32(const int64_t* a, int64_t chunk, const float* x, const float* w, const float* o,
                            const float* m, const float* b, float* out) {
@@ -335,6 +352,13 @@ int emu_nms_rotated_f64(int64_t n, const double* boxes, const double* scores, co
   return nms(n, boxes, scores, labels, thr, chunk_rows, keep, kept);
 }
 int64_t emu_nms_rotated_chunk_rows(int64_t n) { return nms_rotated_chunk_rows(n); }
+// grid_sample (see grid_forward); float32 and float64 accumulate in their own type.
+int emu_grid_sample_forward_f32(const int64_t* a, const float* x, const float* g, float* out) {
+  return grid_forward<float, float>(a, x, g, out);
+}
+int emu_grid_sample_forward_f64(const int64_t* a, const double* x, const double* g, double* out) {
+  return grid_forward<double, double>(a, x, g, out);
+}
 // out[i] = IoU of boxes a[i] and b[i], each (cx, cy, w, h, angle), as the mask items compute it.
 void emu_rotated_box_iou(int64_t n, const double* a, const double* b, double* out) {
   for (int64_t i = 0; i < n; ++i) {

@@ -311,6 +311,19 @@ OPFORGE_HD_INLINE A grid_sample_point(const GridSampleParams& p, const T* plane,
          ScalarIO<T, A>::load(plane[iy[1] * W + ix[1]]) * (wy[1] * wx[1]);
 }
 
+// The GPU kernel's work item i: output element i of [N, C, Ho, Wo] (grid and input of
+// storage type T, accumulated in A). core/cuda/grid_sample.cuh runs it per thread; the
+// host emulation tests (tests/csrc/gpu_cores_host.cpp) run it in a loop.
+template <typename T, typename A>
+OPFORGE_HD_INLINE void grid_sample_forward_item(const GridSampleParams& p, int64_t i, const T* input, const T* grid,
+                                                T* out) {
+  const int64_t pixels = p.out_plane();
+  const int64_t pixel = i % pixels, plane = i / pixels, n = plane / p.channels;
+  const T* g = grid + (n * pixels + pixel) * 2;
+  const A gx = ScalarIO<T, A>::load(g[0]), gy = ScalarIO<T, A>::load(g[1]);
+  out[i] = ScalarIO<T, A>::store(grid_sample_point<A, T>(p, input + plane * p.in_plane(), gx, gy));
+}
+
 // ---- CPU kernel -------------------------------------------------------------------------
 
 // Output pixels per work item (one tap table), at most: long unit-stride sweeps over a

@@ -8,6 +8,7 @@
 #include "deform_conv2d.cuh"
 #include "launch.h"
 #include "ms_deform_attn.cuh"
+#include "grid_sample.cuh"
 #include "my_add.cuh"
 #include "nms_rotated.cuh"
 #include "roi_align_rotated.cuh"
@@ -124,6 +125,15 @@ cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const R
   nms_rotated_mask_kernel<<<grid_for(items), kThreads, 0, stream>>>(n, words, row_begin, items, geometry, labels,
                                                                     iou_threshold, mask);
   return cudaGetLastError();
+}
+
+cudaError_t grid_sample_forward(Dtype dtype, const GridSampleParams& p, const void* input, const void* grid,
+                                void* out, cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return launch_grid_sample_forward<T>(p, static_cast<const T*>(input), static_cast<const T*>(grid),
+                                         static_cast<T*>(out), stream);
+  });
 }
 
 }  // namespace cuda

@@ -12,6 +12,7 @@
 
 #include "../broadcast.h"
 #include "../deform_conv2d_tap.h"
+#include "../grid_sample.h"
 #include "../ms_deform_attn_sample.h"
 #include "../roi_align_rotated_sample.h"
 #include "../rotated_box_iou.h"
@@ -75,6 +76,11 @@ cudaError_t roi_align_rotated_backward(Dtype dtype, const RoiAlignRotatedParams&
 // device pointers.
 cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const RotatedBoxGeometry* geometry,
                              const int64_t* labels, double iou_threshold, uint64_t* mask, cudaStream_t stream);
+
+// grid_sample (mmdeploy::grid_sampler), output [N, C, Ho, Wo] (dtype) from input
+// [N, C, H, W] and grid [N, Ho, Wo, 2] checked by grid_sample_check.
+cudaError_t grid_sample_forward(Dtype dtype, const GridSampleParams& p, const void* input, const void* grid,
+                                void* out, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace core

@@ -13,8 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/grid_sample.h"
-#include "mmdeploy_ops.h"
+#include "grid_sampler.h"
 
 namespace opforge {
 namespace ort {
@@ -25,19 +24,6 @@ namespace {
 constexpr const char* kOp = core::kGridSampleOp;  // "mmdeploy::grid_sampler"
 // Elements per task of the 16-bit widening.
 constexpr int64_t kGridSampleConvertGrain = int64_t(1) << 16;
-
-struct GridSamplerAttrs {
-  int64_t interpolation, padding, align_corners;
-
-  explicit GridSamplerAttrs(const OrtKernelInfo* info) {
-    check_node_arity(info, kOp, {"input", "grid"});
-    interpolation = int_attribute_or(info, kOp, "interpolation_mode", 0);
-    padding = int_attribute_or(info, kOp, "padding_mode", 0);
-    align_corners = int_attribute_or(info, kOp, "align_corners", 0);
-    if (std::string err = core::grid_sample_check_attrs(interpolation, padding, align_corners); !err.empty())
-      node_error(err);
-  }
-};
 
 // src[0:count] widened to float, in parallel.
 template <typename S>
@@ -55,12 +41,8 @@ struct GridSamplerKernel : GridSamplerAttrs {
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& grid,
                       Ort::Custom::Tensor<T>& output) {
-    const std::vector<int64_t> xs = input.Shape(), gs = grid.Shape();
     core::GridSampleParams p;
-    if (std::string err = core::grid_sample_check(xs.data(), static_cast<int>(xs.size()), gs.data(),
-                                                  static_cast<int>(gs.size()), interpolation, padding, align_corners, p);
-        !err.empty())
-      return invalid_argument(err);
+    if (Ort::Status bad = check(input.Shape(), grid.Shape(), p); !bad.IsOK()) return bad;
     int64_t dims[4];
     core::grid_sample_output_dims(p, dims);
     T* out = output.Allocate({dims[0], dims[1], dims[2], dims[3]});
