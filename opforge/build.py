@@ -376,6 +376,38 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
     return cpp_extension.CppExtension(name, srcs, extra_compile_args={"cxx": cxx}, **common)
 
 
+def _write_build_id(name: str, sources: Sequence[str], include_dirs: Sequence[str], flags: Sequence[str]) -> str:
+    """Writes ``opforge_ort_build_id.h`` (``OPFORGE_ORT_BUILD_ID``) for library ``name`` and
+    returns its directory, which the library and its CUDA companion both include: the id is a
+    hash of every source and header they are built from and of the flags, so the two files of one
+    build agree and a companion from another build is refused (``ort_cuda_companion.h``). The
+    header is rewritten only when the id changes, so an unchanged tree rebuilds nothing, and
+    only the entry point's file includes it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = set(map(os.path.abspath, sources))
+    for d in include_dirs:  # (not ORT's headers: the library asks the runtime for its API version)
+        if d and os.path.isdir(d):
+            for root, _, names in os.walk(d):
+                files.update(os.path.join(root, n) for n in names if n.endswith((".h", ".cuh", ".inc")))
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    digest.update("\0".join(flags).encode())
+    build_id = digest.hexdigest()[:16]
+    out_dir = os.path.join(os.getcwd(), "build", "opforge-build-id", name)
+    os.makedirs(out_dir, exist_ok=True)
+    header = os.path.join(out_dir, "opforge_ort_build_id.h")
+    text = ("// Written by opforge.build.OrtLibrary: the build id shared by a library and its CUDA companion.\n"
+            f'#pragma once\n#define OPFORGE_ORT_BUILD_ID "{build_id}"\n')
+    if not os.path.isfile(header) or open(header).read() != text:
+        with open(header, "w") as f:
+            f.write(text)
+    return out_dir
+
+
 def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
                include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
                extra_nvcc_flags: Sequence[str] = (), ort_include_candidates: Sequence[str] = ()):
@@ -390,7 +422,8 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
     through ``$ORIGIN``-relative run paths), while ``libfoo.so`` keeps the CPU kernels and
     no CUDA dependency: it loads on a box without CUDA and loads the companion when the
     running ORT has a CUDA EP (``opforge/ort_cuda_companion.h``). Users still register the
-    one file; the sources need no change."""
+    one file; the sources need no change. Both files carry the build's id
+    (:func:`_write_build_id`): the library refuses a companion of another build."""
     from setuptools import Extension
 
     cxx = ort_cxx_flags() + list(extra_cxx_flags)
@@ -408,8 +441,11 @@ def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str]
     if with_cuda:
         libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
         part = f"{name}_cuda"
+        id_dir = _write_build_id(name, srcs + _paths(cuda_sources), [str(CSRC_DIR), *include_dirs],
+                                 [*cxx, *nvcc_flags(), *extra_nvcc_flags, repr(define_macros)])
+        ext.include_dirs.append(id_dir)
         companion = Extension(
-            part, sources=srcs + _paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
+            part, sources=srcs + _paths(cuda_sources), include_dirs=incs + cuda_include_dirs() + [id_dir],
             define_macros=list(define_macros) + [("OPFORGE_ORT_CUDA_PART", "1")], language="c++",
             extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": nvcc_flags() + list(extra_nvcc_flags)},
             extra_link_args=[f"-Wl,--version-script={ORT_CUDA_EXPORTS_MAP}", *link, *libs,

@@ -65,12 +65,37 @@ def test_cuda_build_as_requested_and_linked_as_designed():
         assert any("c10_cuda" in n for n in ext_needed), ext_needed
         companion_needed = needed_libraries(companion)
         assert {"libcudart.so.13", "libcublas.so.13"} <= set(companion_needed), companion_needed
-        assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV1"}
+        assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV2"}
         for op in ("my_add", "deform_conv2d", "_deform_conv2d_backward"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA"), op
     else:
         assert not companion.exists()
         assert not any("cuda" in n or "cublas" in n for n in ext_needed), ext_needed
+
+
+def test_a_companion_of_another_build_is_refused(tmp_path):
+    """Library and CUDA companion carry their build's id (opforge_ort_build_id.h, a hash of their
+    sources and flags); the library refuses a companion of another build and says so, instead of
+    running another build's kernels. A real companion of another build: libopforge_mmdeploy's,
+    under libopforge_ort's companion name."""
+    if not opforge.BUILT_WITH_CUDA:
+        pytest.skip("a CPU-only build has no CUDA companion (CI builds with CUDA where nvcc is)")
+    shutil.copy2(opforge.ort_library_path(), tmp_path / "libopforge_ort.so")
+    shutil.copy2(_cuda_companion(opforge.ort_library_path()), tmp_path / "libopforge_ort_cuda.so")
+    child = ("import sys, onnxruntime as ort\nso = ort.SessionOptions()\nso.register_custom_ops_library(sys.argv[1])\n"
+             "print(so.get_session_config_entry('opforge.cuda_kernels.libopforge_ort'))")
+
+    def status():
+        proc = subprocess.run([sys.executable, "-c", child, str(tmp_path / "libopforge_ort.so")], capture_output=True,
+                              text=True, env=dict(os.environ, OPFORGE_ORT_CUDA="always"), cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip()
+
+    assert status().startswith("loaded: "), status()  # the pair of one build
+    shutil.copy2(_cuda_companion(opforge.mmdeploy_library_path()), tmp_path / "libopforge_ort_cuda.so")
+    refused = status()
+    assert refused.startswith("unavailable: libopforge_ort's CUDA kernels could not be loaded: the companion is from "
+                              "another build (build id "), refused
 
 
 def test_ort_library_with_cuda_kernels_serves_cpu_sessions():

@@ -37,7 +37,8 @@ namespace ort {
 
 // The companion's only exported symbol: hands over its CUDA EP kernels (definitions
 // that live as long as the process, like the library's own).
-using CudaPartEntry = OrtStatus*(const OrtApiBase*, const OrtCustomOp* const**, size_t*);
+// The library passes its build id (OPFORGE_ORT_BUILD_ID); a companion of another build refuses.
+using CudaPartEntry = OrtStatus*(const OrtApiBase*, const char*, const OrtCustomOp* const**, size_t*);
 
 inline std::string cuda_kernels_config_key(const std::string& library) { return "opforge.cuda_kernels." + library; }
 
@@ -138,7 +139,7 @@ inline CudaCompanion load_cuda_companion(const char* library, const OrtApiBase* 
                  dlsym(handle, OPFORGE_ORT_STRINGIFY(OPFORGE_ORT_CUDA_PART_ENTRY)))) {
     const OrtCustomOp* const* ops = nullptr;
     size_t count = 0;
-    if (OrtStatus* st = entry(api_base, &ops, &count)) {
+    if (OrtStatus* st = entry(api_base, OPFORGE_ORT_BUILD_ID, &ops, &count)) {
       error = Ort::Status(st).GetErrorMessage();
     } else {
       out.kernels.assign(ops, ops + count);

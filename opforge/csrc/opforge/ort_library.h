@@ -143,7 +143,13 @@ inline std::vector<const OrtCustomOp*> kernels_for(bool cpu) {
 
 // The companion's exported entry (see ort_cuda_companion.h); versioned, so a stale
 // companion of another layout is refused by name.
-#define OPFORGE_ORT_CUDA_PART_ENTRY OpforgeOrtCudaKernelsV1
+#define OPFORGE_ORT_CUDA_PART_ENTRY OpforgeOrtCudaKernelsV2
+#if defined(OPFORGE_ORT_CUDA_COMPANION) || defined(OPFORGE_ORT_CUDA_PART)
+// OPFORGE_ORT_BUILD_ID: one value for a library and the companion of the same build
+// (opforge.build.OrtLibrary writes this header for both), so a companion left from
+// another build is refused instead of run with this library's kernels.
+#include "opforge_ort_build_id.h"
+#endif
 #ifdef OPFORGE_ORT_CUDA_COMPANION
 #include "opforge/ort_cuda_companion.h"
 #endif
@@ -160,10 +166,17 @@ inline std::vector<const OrtCustomOp*> kernels_for(bool cpu) {
 #if defined(OPFORGE_ORT_CUDA_PART)
 #define OPFORGE_ORT_LIBRARY(library, domain)                                                              \
   extern "C" __attribute__((visibility("default"))) OrtStatus* OPFORGE_ORT_CUDA_PART_ENTRY(               \
-      const OrtApiBase* api_base, const OrtCustomOp* const** ops, size_t* count) {                        \
+      const OrtApiBase* api_base, const char* build_id, const OrtCustomOp* const** ops, size_t* count) {  \
     OrtStatus* opforge_error = nullptr;                                                                   \
     if (!::opforge::ort::init_api(api_base, library "_cuda", &opforge_error)) return opforge_error;      \
     try {                                                                                                 \
+      if (std::string(build_id) != OPFORGE_ORT_BUILD_ID)                                                  \
+        return Ort::Status((std::string("the companion is from another build (build id ") +              \
+                            OPFORGE_ORT_BUILD_ID + ", the library's " + build_id +                        \
+                            "): copy the library and its _cuda companion from one build, or rebuild")     \
+                               .c_str(),                                                                  \
+                           ORT_FAIL)                                                                      \
+            .release();                                                                                   \
       static const std::vector<const OrtCustomOp*> cuda_kernels = ::opforge::ort::kernels_for(false);     \
       *ops = cuda_kernels.data();                                                                         \
       *count = cuda_kernels.size();                                                                       \
