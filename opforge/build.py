@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -44,9 +43,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-#: opforge's C++ headers: ``core/`` (compute-core utilities: broadcasting, 16-bit floats,
-#: CPU ISA dispatch, host/device macros, CUDA launch) and ``opforge/`` (torch glue,
-#: ORT lite-op registration, CUDA-EP stream glue).
+#: opforge's C++ headers: ``core/`` (compute cores and their utilities) and ``opforge/`` (torch
+#: glue, ORT lite-op registration, CUDA-EP stream glue).
 CSRC_DIR = PACKAGE_DIR / "csrc"
 #: Where opforge's build copies ORT's headers, so installed opforge ships them.
 BUNDLED_ORT_INCLUDE = PACKAGE_DIR / "include" / "onnxruntime"
@@ -377,34 +375,24 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
 
 
 def _write_build_id(name: str, sources: Sequence[str], include_dirs: Sequence[str], flags: Sequence[str]) -> str:
-    """Writes ``opforge_ort_build_id.h`` (``OPFORGE_ORT_BUILD_ID``) for library ``name`` and
-    returns its directory, which the library and its CUDA companion both include: the id is a
-    hash of every source and header they are built from and of the flags, so the two files of one
-    build agree and a companion from another build is refused (``ort_cuda_companion.h``). The
-    header is rewritten only when the id changes, so an unchanged tree rebuilds nothing, and
-    only the entry point's file includes it."""
+    """Writes ``opforge_ort_build_id.h`` (``OPFORGE_ORT_BUILD_ID``: a hash of the sources, the
+    headers under ``include_dirs`` and the flags) for library ``name``; returns its directory,
+    which the library and its CUDA companion include, so a companion of another build is refused
+    (``ort_cuda_companion.h``). Rewritten only when the id changes; only the entry file includes it."""
     import hashlib
 
-    digest = hashlib.sha256()
-    files = set(map(os.path.abspath, sources))
-    for d in include_dirs:  # (not ORT's headers: the library asks the runtime for its API version)
-        if d and os.path.isdir(d):
-            for root, _, names in os.walk(d):
-                files.update(os.path.join(root, n) for n in names if n.endswith((".h", ".cuh", ".inc")))
+    digest, files = hashlib.sha256(), set(map(os.path.abspath, sources))
+    for d in filter(os.path.isdir, include_dirs):  # (not ORT's headers: the runtime is asked for its API)
+        files.update(os.path.join(r, n) for r, _, names in os.walk(d) for n in names if n.endswith((".h", ".cuh", ".inc")))
     for path in sorted(files):
-        digest.update(path.encode() + b"\0")
-        with open(path, "rb") as f:
-            digest.update(f.read())
+        digest.update(path.encode() + b"\0" + Path(path).read_bytes())
     digest.update("\0".join(flags).encode())
-    build_id = digest.hexdigest()[:16]
     out_dir = os.path.join(os.getcwd(), "build", "opforge-build-id", name)
     os.makedirs(out_dir, exist_ok=True)
-    header = os.path.join(out_dir, "opforge_ort_build_id.h")
-    text = ("// Written by opforge.build.OrtLibrary: the build id shared by a library and its CUDA companion.\n"
-            f'#pragma once\n#define OPFORGE_ORT_BUILD_ID "{build_id}"\n')
-    if not os.path.isfile(header) or open(header).read() != text:
-        with open(header, "w") as f:
-            f.write(text)
+    header, text = os.path.join(out_dir, "opforge_ort_build_id.h"), (
+        f'// opforge.build.OrtLibrary\n#pragma once\n#define OPFORGE_ORT_BUILD_ID "{digest.hexdigest()[:16]}"\n')
+    if not os.path.isfile(header) or Path(header).read_text() != text:
+        Path(header).write_text(text)
     return out_dir
 
 
@@ -523,10 +511,8 @@ def build_ext(*, build_dir: Optional[str] = None):
                 self.build_temp = build_temp
 
         def _remove_stale_companion(self, ext):
-            """Deletes the CUDA companion of ``ext`` that this build does not make (an earlier CUDA
-            build's, e.g. before ``OPFORGE_CUDA=0``) wherever the library goes: the build output and,
-            for in-place and editable builds, the package in the source tree. Left there, it would
-            sit beside a library of another build."""
+            """Deletes the CUDA companion of ``ext`` an earlier CUDA build left where the library goes
+            (the build output; the source tree's package for in-place and editable builds)."""
             package = ext.name.rpartition(".")[0]
             places = {os.path.dirname(self.get_ext_fullpath(ext.name))}
             try:
@@ -579,25 +565,12 @@ def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str]
     build_directory.mkdir(parents=True, exist_ok=True)
     srcs = [os.path.abspath(s) for s in _paths(sources)]
     incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
-    cxx = os.environ.get("CXX", "c++")
     cflags = ["-fPIC", *ort_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags]
+    from .ninja_build import ninja_shared_library  # (not needed by setup.py, which loads this file by path)
+
     out = build_directory / f"lib{name}.so"
-    objs = [f"obj_{i}_{Path(s).stem}.o" for i, s in enumerate(srcs)]
-    q = shlex.quote
-    lines = ["ninja_required_version = 1.3", f"cxx = {cxx}", f"cflags = {' '.join(q(f) for f in cflags)}",
-             f"ldflags = -shared -Wl,--version-script={q(str(ORT_EXPORTS_MAP))} -Wl,--as-needed",
-             "rule compile", "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out", "  depfile = $out.d",
-             "  deps = gcc", "rule link", "  command = $cxx $in $ldflags -o $out"]
-    ninja_escape = lambda p: p.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")  # noqa: E731
-    lines += [f"build {o}: compile {ninja_escape(s)}" for o, s in zip(objs, srcs)]
-    lines += [f"build {ninja_escape(str(out))}: link {' '.join(objs)}", f"default {ninja_escape(str(out))}"]
-    text = "\n".join(lines) + "\n"
-    ninja_file = build_directory / "build.ninja"
-    if not ninja_file.is_file() or ninja_file.read_text() != text:
-        ninja_file.write_text(text)
-    ninja = shutil.which("ninja") or os.path.join(os.path.dirname(sys.executable), "ninja")
-    run = subprocess.run([ninja, "-C", str(build_directory)] + (["-v"] if verbose else []), capture_output=True,
-                         text=True)
+    run = ninja_shared_library(out, srcs, cflags, ["-shared", f"-Wl,--version-script={ORT_EXPORTS_MAP}",
+                                                   "-Wl,--as-needed"], verbose=verbose)
     if verbose or run.returncode != 0:
         print(run.stdout + run.stderr, file=sys.stderr)
     if run.returncode != 0:

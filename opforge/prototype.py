@@ -57,6 +57,7 @@ import torch
 
 from . import spec as _spec
 from .ort_kernels import ORTX_DOMAIN, ORTX_PIN, ortx_library_path, ortx_version
+from .ort_kernels.session import add_session_class_hook
 from .registration import OpInputError, OpRegistrationError, register_op, torch_op
 from .spec import AttrArg, OpSpec, TensorArg
 
@@ -485,6 +486,15 @@ def session_class():
 
         _SESSION_CLASS = PrototypeSession
     return _SESSION_CLASS
+
+
+def _session_class_for(used_ops):
+    """The session class ort_session uses for a model with ``used_ops``: :class:`PrototypeSession`
+    when any is a prototype op, else None (ort_session's default)."""
+    return session_class() if prototype_ops(used_ops) else None
+
+
+add_session_class_hook(_session_class_for)
 
 
 def __getattr__(name: str):

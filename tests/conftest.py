@@ -126,6 +126,7 @@ SLOW_MODULES = {
     "test_deploy_ort_only.py": "creates venvs with older onnxruntime wheels",
     "test_deploy_cpp.py": "compiles the C++ example",
     "test_fuzz.py": "fuzz batches against torch and ORT",
+    "test_fuzz_mmdeploy.py": "fuzz batches of mmdeploy's node forms against ORT",
     "test_gpu_cores_emulated.py": "compiles the GPU cores for the host",
     "test_concurrency.py": "session create/run/destroy loops, memory over time",
 }

@@ -17,7 +17,7 @@ import onnxruntime
 import pytest
 import torch
 import torchvision
-from onnx import TensorProto, helper
+from onnx import AttributeProto, TensorProto, helper
 
 import opforge
 from opforge.ops.nms_rotated import _greedy
@@ -175,10 +175,15 @@ def test_dcn_threads_give_the_same_bits():
 @pytest.mark.parametrize("attrs,match", [
     (dict(stride=[0, 1]), "stride must be positive"),
     (dict(stride=[1, 1, 1]), "'stride' must be an int or a list of 1 or 2 ints, got 3"),
-    (dict(padding=1.5), "'padding' must be an int or a list of ints, got a float"),
+    (dict(padding=1.5), "'padding' must be an int or a list of 1 or 2 ints, got a float"),
     (dict(dilation=[1, -1]), "dilation must be positive"),
     (dict(groups=0), "groups must be positive"),
     (dict(groups=[1, 2]), "'groups' must be an int, got a list"),
+    # ORT's list getter reads any present non-INTS attribute as an empty list: these must not pass as absent
+    (dict(stride=[2.0, 2.0]), "'stride' must be an int or a list of 1 or 2 ints, got another type"),
+    (dict(dilation="2"), "'dilation' must be an int or a list of 1 or 2 ints, got another type"),
+    (dict(groups=1.0), "'groups' must be an int, got a float"),
+    (dict(deform_groups=[1.0]), "'deform_groups' must be an int, got another type"),
     (dict(deform_groups=-2), "deform_groups must be positive"),
 ])
 def test_dcn_bad_attributes_fail_the_session(attrs, match):
@@ -186,6 +191,13 @@ def test_dcn_bad_attributes_fail_the_session(attrs, match):
     with pytest.raises(Exception, match=match) as info:
         session(dcn_model(torch.float32, **{**base, **attrs}))
     assert "MMCVModulatedDeformConv2d" in str(info.value)
+
+
+def test_dcn_empty_ints_attribute_is_not_absent():
+    model = dcn_model(torch.float32, stride=[1, 1], dilation=[1, 1], groups=1, deform_groups=1)
+    model.graph.node[0].attribute.append(helper.make_attribute("padding", [], attr_type=AttributeProto.INTS))
+    with pytest.raises(Exception, match="'padding' must be an int or a list of 1 or 2 ints, got another type"):
+        session(model)
 
 
 def test_dcn_bad_nodes_fail_the_session():
@@ -324,6 +336,10 @@ def test_nms_rotated_edges():
     # no boxes, no images
     assert run(model, torch.zeros(2, 0, 5), torch.zeros(2, 3, 0)).shape == (0, 3)
     assert run(model, torch.zeros(0, 4, 5), torch.zeros(0, 3, 4)).shape == (0, 3)
+    # no boxes but a huge N x C: nothing is visited or allocated per (image, class) pair
+    huge = np.zeros((1 << 40, 0, 5), np.float32), np.zeros((1 << 40, 1 << 10, 0), np.float32)
+    out = session(model).run(None, {"boxes": huge[0], "scores": huge[1]})[0]
+    assert out.shape == (0, 3) and out.dtype == np.int64
     # ties: equal scores keep the lower index first, repeatably
     same = torch.tensor([[[0.0, 0, 4, 4, 0], [20, 20, 4, 4, 0], [0.1, 0, 4, 4, 0], [40, 0, 4, 4, 0]]])
     got = run(model, same, torch.full((1, 1, 4), 0.9))
@@ -443,6 +459,9 @@ def test_nms_match_edges_and_hostile_values():
         with pytest.raises(Exception, match=match) as info:
             sess.run(None, feeds)
         assert "mmdeploy::NMSMatch" in str(info.value)
+    huge = {"boxes": np.zeros((1, 0, 4), np.float32), "scores": np.zeros((1, 1 << 40, 0), np.float32),
+            "iou_threshold": thr(0.5)[0], "score_threshold": thr(0.1)[0]}
+    assert sess.run(None, huge)[0].shape == (0, 4)  # no boxes: no per-pair work however many classes
     with pytest.raises(Exception, match=r"NMSMatch: the node has 2 input\(s\); expected 4"):
         session(mmdeploy_model("NMSMatch", [("b", F32), ("s", F32)], [("o", I64)]))
 

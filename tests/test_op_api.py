@@ -195,7 +195,7 @@ def test_second_library_for_a_registered_domain_is_a_clear_ort_error(tmp_path):
 def test_ort_session_names_a_spec_whose_library_has_no_kernel():
     """A spec registered for a domain whose library lacks its kernel: ort_session says which
     piece is missing, instead of ORT's bare 'not a registered function/op'."""
-    from opforge.ort_kernels import _KERNEL_AUDIT
+    from opforge.ort_kernels.session import _KERNEL_AUDIT
 
     path = opforge.ort_library_path()
     _KERNEL_AUDIT[("opforge", path)] = ["opforge::phantom"]  # what the probe reports for such a spec

@@ -24,8 +24,11 @@ inline constexpr const char* kRoiAlignRotated = "MMCVRoIAlignRotated";
 inline constexpr const char* kNmsRotated = "NMSRotated";
 inline constexpr const char* kNmsMatch = "NMSMatch";
 
-// ORT's attribute getters by type: an INT read as a list gives an empty list, and an
-// absent attribute fails each getter. So: the scalar first, then the list.
+// ORT's attribute getters: the scalar ones check the attribute's type (and fail when
+// it is absent), but the list one does not: for a present attribute of any type it
+// returns its INTS values, so an INT, FLOAT, FLOATS, STRING or empty INTS attribute
+// all read as an empty list, and only an absent one fails. Hence: the scalar first,
+// then the list; a present attribute with no INTS values is the wrong type.
 inline bool int_attribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
   OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
   if (st == nullptr) return true;
@@ -33,10 +36,11 @@ inline bool int_attribute(const OrtKernelInfo* info, const char* name, int64_t* 
   return false;
 }
 
-// The values of an INTS attribute; empty when absent (or not a list).
-inline std::vector<int64_t> ints_attribute(const OrtKernelInfo* info, const char* name) {
+// The INTS values of attribute `name`; *present tells whether the node has it at all.
+inline std::vector<int64_t> ints_attribute(const OrtKernelInfo* info, const char* name, bool* present) {
   size_t size = 0;
   OrtStatus* st = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
+  *present = st == nullptr;
   if (st != nullptr) {
     Ort::GetApi().ReleaseStatus(st);
     return {};
@@ -53,16 +57,22 @@ inline bool float_attribute(const OrtKernelInfo* info, const char* name, float* 
   return false;
 }
 
+// "a float", or what else a present attribute with no INTS values can be.
+inline std::string other_attribute_type(const OrtKernelInfo* info, const char* name) {
+  float f = 0;
+  return float_attribute(info, name, &f) ? "a float" : "another type (a string, floats or an empty list)";
+}
+
 // An int attribute, or `fallback` (mmcv's Python default) when the node has none; one
-// of another type (a list, a float) is an error naming it.
+// of another type (a list, a float, a string...) is an error naming it.
 inline int64_t int_attribute_or(const OrtKernelInfo* info, const char* op, const char* name, int64_t fallback) {
   int64_t value = 0;
   if (int_attribute(info, name, &value)) return value;
-  if (!ints_attribute(info, name).empty())
-    node_error(std::string(op) + ": attribute '" + name + "' must be an int, got a list");
-  float f = 0;
-  if (float_attribute(info, name, &f)) node_error(std::string(op) + ": attribute '" + name + "' must be an int, got a float");
-  return fallback;
+  bool present = false;
+  const std::vector<int64_t> values = ints_attribute(info, name, &present);
+  if (!present) return fallback;
+  node_error(std::string(op) + ": attribute '" + name + "' must be an int, got " +
+             (values.empty() ? other_attribute_type(info, name) : "a list"));
 }
 
 // A flag attribute (0 or 1), with a default.
@@ -83,15 +93,17 @@ inline void pair_attribute(const OrtKernelInfo* info, const char* op, const char
     *h = *w = value;
     return;
   }
-  const std::vector<int64_t> values = ints_attribute(info, name);
-  if (values.size() > 2)
+  bool present = false;
+  const std::vector<int64_t> values = ints_attribute(info, name, &present);
+  if (!present) {
+    *h = *w = fallback;
+    return;
+  }
+  if (values.empty() || values.size() > 2)
     node_error(std::string(op) + ": attribute '" + name + "' must be an int or a list of 1 or 2 ints, got " +
-               std::to_string(values.size()) + " values");
-  float f = 0;
-  if (values.empty() && float_attribute(info, name, &f))
-    node_error(std::string(op) + ": attribute '" + name + "' must be an int or a list of ints, got a float");
-  *h = values.empty() ? fallback : values[0];
-  *w = values.empty() ? fallback : values.back();
+               (values.empty() ? other_attribute_type(info, name) : std::to_string(values.size()) + " values"));
+  *h = values[0];
+  *w = values.back();
 }
 
 }  // namespace mmdeploy

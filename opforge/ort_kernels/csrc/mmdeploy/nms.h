@@ -30,27 +30,34 @@ namespace mmdeploy {
 inline constexpr const char* kNmsRotatedOp = "mmdeploy::NMSRotated";
 inline constexpr const char* kNmsMatchOp = "mmdeploy::NMSMatch";
 
+// Tasks the (image, class) pairs are split into, at most: each task keeps its rows and
+// its first error, so the memory besides the rows does not grow with the pair count.
+inline constexpr int64_t kNmsMaxPairTasks = 256;
+
 // Runs pair(n, c, inner_parallel, rows) for every (image, class) pair; the rows of all
-// pairs, in pair order, into `rows`. "" or the first pair's error.
+// pairs, in pair order, into `rows`. "" or the first pair's error. No boxes: no rows,
+// and nothing is visited (N x C may be huge when B is 0).
 template <typename Pair>
 std::string run_pairs(OrtKernelContext* ctx, const core::NmsMulticlassParams& p, const Pair& pair,
                       std::vector<int64_t>& rows) {
+  rows.clear();
   const int64_t pairs = p.pairs();
-  std::vector<std::vector<int64_t>> per_pair(static_cast<size_t>(pairs));
-  std::vector<std::string> errors(static_cast<size_t>(pairs));
+  if (pairs == 0 || p.boxes == 0) return "";
   const auto serial = [](int64_t total, int64_t, const auto& body) { body(int64_t(0), total); };
   const auto pooled = [ctx](int64_t total, int64_t grain, const auto& body) { parallel_for(ctx, total, grain, body); };
-  if (pairs == 1) {
-    errors[0] = pair(0, 0, pooled, per_pair[0]);
-  } else {
-    parallel_for(ctx, pairs, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) errors[k] = pair(k / p.classes, k % p.classes, serial, per_pair[k]);
-    });
-  }
-  rows.clear();
-  for (int64_t k = 0; k < pairs; ++k) {
-    if (!errors[k].empty()) return errors[k];
-    rows.insert(rows.end(), per_pair[k].begin(), per_pair[k].end());
+  if (pairs == 1) return pair(0, 0, pooled, rows);
+  const int64_t grain = (pairs + kNmsMaxPairTasks - 1) / kNmsMaxPairTasks;
+  const int64_t tasks = (pairs + grain - 1) / grain;
+  std::vector<std::vector<int64_t>> task_rows(static_cast<size_t>(tasks));
+  std::vector<std::string> task_errors(static_cast<size_t>(tasks));
+  parallel_for(ctx, pairs, grain, [&](int64_t begin, int64_t end) {
+    const int64_t t = begin / grain;
+    for (int64_t k = begin; k < end && task_errors[t].empty(); ++k)
+      task_errors[t] = pair(k / p.classes, k % p.classes, serial, task_rows[t]);
+  });
+  for (int64_t t = 0; t < tasks; ++t) {
+    if (!task_errors[t].empty()) return task_errors[t];
+    rows.insert(rows.end(), task_rows[t].begin(), task_rows[t].end());
   }
   return "";
 }
