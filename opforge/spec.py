@@ -26,6 +26,8 @@ from typing import Any, Callable, Literal, Optional, Union
 #: The torch namespace and custom ONNX domain (and its version) of opforge's own
 #: ops. libopforge_ort registers its kernels under the same domain name.
 DOMAIN = "opforge"
+#: The domain of ATen nodes (the TorchScript exporter's ATen fallback), served by libopforge_aten.
+ATEN_DOMAIN = "org.pytorch.aten"
 DOMAIN_VERSION = 1
 
 #: ONNX element types the kernels accept, by the names OpSchema uses.

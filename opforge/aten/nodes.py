@@ -18,9 +18,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
+from ..spec import ATEN_DOMAIN
 from . import policy
 
-ATEN_DOMAIN = "org.pytorch.aten"
 NONE_INPUT = "opforge_aten_none"  # must match csrc/aten_op.cc: kNoneInput
 
 ONNX_TO_TORCH = {

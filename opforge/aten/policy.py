@@ -62,6 +62,8 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ..spec import ATEN_DOMAIN
+
 #: The list libopforge_aten compiles in (X-macros, one op per line).
 POLICY_FILE = Path(__file__).resolve().parent / "csrc" / "aten_policy.inc"
 #: Integer arguments that must lie in a range (enums, loop counts), which the library checks too.
@@ -289,7 +291,7 @@ def model_operators(model) -> list[str]:
     :class:`MalformedAtenNode` for a node that names none, with the library's words."""
     operators = []
     for node in model_nodes(model):
-        if node.domain != "org.pytorch.aten" or node.op_type != "ATen":
+        if node.domain != ATEN_DOMAIN or node.op_type != "ATen":
             continue
         names = [a.s.decode() for a in node.attribute if a.name == "operator"]
         if not names or not names[0] or names[0] == "aten::":

@@ -11,11 +11,10 @@ import os
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..spec import DOMAIN
+from ..spec import ATEN_DOMAIN, DOMAIN
 from .ortx import ORTX_DISTRIBUTION, ORTX_DOMAINS, ortx_library_path
 
 ENTRY_POINT_GROUP = "opforge.ort_libraries"
-ATEN_DOMAIN = "org.pytorch.aten"
 _LIB_NAME = "libopforge_ort.so"
 _ATEN_LIB_NAME = "libopforge_aten.so"
 _MMDEPLOY_LIB_NAME = "libopforge_mmdeploy.so"

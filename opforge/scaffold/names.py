@@ -8,6 +8,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from ..ort_kernels.libraries import BUILTIN_DOMAINS, MMDEPLOY_DOMAINS
+from ..spec import ATEN_DOMAIN, DOMAIN
+
 _DOMAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -46,7 +49,7 @@ def validate(name: str, package: str, domain: Optional[str]) -> NewOp:
     domain = domain or package
     if not _DOMAIN_RE.match(domain):
         raise ValueError(f"opforge new-op: domain {domain!r} is not a valid ONNX domain (e.g. com.example)")
-    if domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "opforge", "org.pytorch.aten"):
+    if domain in BUILTIN_DOMAINS or domain in (DOMAIN, ATEN_DOMAIN, *MMDEPLOY_DOMAINS):
         raise ValueError(f"opforge new-op: domain {domain!r} belongs to ONNX, ONNX Runtime or opforge; "
                          "choose your own (e.g. com.yourcompany)")
     return NewOp(name, package, domain, cuda=True)
