@@ -10,13 +10,11 @@ OPFORGE_FUZZ_SEED=<n> (other cases), e.g.
 """
 
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from preloaded_python import run_python
+from fuzz_batch import run_fuzz_batch
 
 pytestmark = pytest.mark.slow
 
@@ -34,34 +32,4 @@ BATCHES = [(target, b) for target, n in PLAN.items() for b in range(max(1, round
 
 @pytest.mark.parametrize("target,batch", BATCHES, ids=[f"{t.split(':')[1]}-{b}" for t, b in BATCHES])
 def test_fuzz_mmdeploy_batch(target, batch):
-    first = batch * BATCH
-    args = [str(FUZZ), "--target", target, "--seed", str(SEED), "--first", str(first), "--cases", str(BATCH)]
-    timeout = 240  # a batch takes seconds: anything near this is a hang
-    try:
-        proc = run_python(args, timeout=timeout, cwd=FUZZ.parent.parent, text=False)
-        out, err, rc, what = proc.stdout.decode(), proc.stderr.decode(), proc.returncode, None
-    except subprocess.TimeoutExpired as e:  # its output so far is bytes, text=True or not
-        out, err, rc = (e.stdout or b"").decode(), (e.stderr or b"").decode(), None
-        what = f"hung (no answer in {timeout} s)"
-    if rc == 0:
-        assert re.search(rf"DONE {BATCH} cases, 0 failed", out), out[-2000:]
-        return
-    cases = re.findall(r"^CASE (\S+) (\d+) (\d+): (.*)$", out, re.M)
-    failed = re.findall(r"^FAIL .*?(?=^CASE|^TALLY|\Z)", out, re.M | re.S)
-    if what is None and failed:
-        what = f"{len(failed)} case(s) failed"
-    elif what is None:
-        what = f"crashed (exit status {rc})"
-    last = cases[-1] if cases else None
-    report = [f"{target} batch {batch}: {what}"]
-    if failed:
-        described = {index: desc for _, _, index, desc in cases}
-        for f in failed[:5]:
-            index = re.match(r"FAIL \S+ \d+ (\d+)", f).group(1)
-            report.append(f"case {index}: {described.get(index, '?')}\n{f.strip()}")
-    elif last:
-        report.append(f"last case started: {last[3]}")
-        report.append(f"rerun it: python {FUZZ.relative_to(FUZZ.parent.parent)} --target {target} --seed {SEED} "
-                      f"--case {last[2]}")
-    report.append("stderr tail:\n" + err[-1500:])
-    pytest.fail("\n".join(report))
+    run_fuzz_batch(FUZZ, target, SEED, batch, BATCH)

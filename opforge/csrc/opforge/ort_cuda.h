@@ -7,6 +7,7 @@
 
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/cuda/launch.h"
 #include "opforge/ort_op.h"
@@ -62,6 +63,17 @@ inline Ort::Status cublas_status(cublasStatus_t err, const char* op, const char*
   if (err == CUBLAS_STATUS_SUCCESS) return Ort::Status(nullptr);
   const std::string msg = std::string(op) + ": " + what + " failed: cuBLAS status " + std::to_string(int(err));
   return Ort::Status(msg.c_str(), ORT_EP_FAIL);
+}
+
+// Enqueues a copy of `count` device elements into `host` (resized) on `stream`; the
+// caller synchronises the stream before reading them.
+template <typename T>
+Ort::Status to_host(const T* device, size_t count, std::vector<T>& host, cudaStream_t stream, const char* op,
+                    const char* what) {
+  host.resize(count);
+  if (count == 0) return Ort::Status(nullptr);
+  return cuda_status(cudaMemcpyAsync(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream), op,
+                     what);
 }
 
 // Scratch device memory from CUDA's stream-ordered allocator: allocation and

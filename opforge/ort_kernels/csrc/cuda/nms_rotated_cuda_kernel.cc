@@ -17,15 +17,6 @@ namespace ort {
 namespace {
 
 template <typename T>
-Ort::Status to_host(const T* device, size_t count, std::vector<T>& host, cudaStream_t stream, const char* op,
-                    const char* what) {
-  host.resize(count);
-  if (count == 0) return Ort::Status(nullptr);
-  return cuda_status(cudaMemcpyAsync(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream), op,
-                     what);
-}
-
-template <typename T>
 Ort::Status nms_compute_cuda(OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
                              const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
                              Ort::Custom::Tensor<int64_t>& keep_out) {

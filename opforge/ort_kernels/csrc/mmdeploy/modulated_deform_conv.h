@@ -14,6 +14,7 @@
 // The node's attributes and shape check, shared by the CPU and CUDA EP kernels.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,20 @@ inline Ort::Status check_modulated_deform_conv(const ModulatedDeformConvAttrs& a
       static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()), bs.data(), static_cast<int>(bs.size()),
       a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, a.deform_groups, /*use_mask=*/true, p);
   return err.empty() ? Ort::Status(nullptr) : invalid_argument(in_mmdeploy_words(err));
+}
+
+// The node's tensors checked into p; *bias_data: the bias, or null for a node without one.
+template <typename T>
+Ort::Status check_modulated_deform_conv_inputs(const ModulatedDeformConvAttrs& a, const Ort::Custom::Tensor<T>& input,
+                                               const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
+                                               const Ort::Custom::Tensor<T>& weight,
+                                               std::optional<const Ort::Custom::Tensor<T>*> bias,
+                                               core::DeformConv2dParams& p, const T** bias_data) {
+  const bool has_bias = a.with_bias && bias.has_value() && *bias != nullptr;
+  const std::vector<int64_t> bias_shape = has_bias ? (*bias)->Shape() : std::vector<int64_t>{};
+  *bias_data = has_bias ? (*bias)->Data() : nullptr;
+  return check_modulated_deform_conv(a, input.Shape(), offset.Shape(), mask.Shape(), weight.Shape(),
+                                     has_bias ? &bias_shape : nullptr, p);
 }
 
 }  // namespace mmdeploy

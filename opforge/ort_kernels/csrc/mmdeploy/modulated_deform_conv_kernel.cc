@@ -19,18 +19,16 @@ struct ModulatedDeformConvKernel : ModulatedDeformConvAttrs {
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& offset,
                       const Ort::Custom::Tensor<T>& mask, const Ort::Custom::Tensor<T>& weight,
                       std::optional<const Ort::Custom::Tensor<T>*> bias, Ort::Custom::Tensor<T>& output) {
-    const bool has_bias = with_bias && bias.has_value() && *bias != nullptr;
-    const std::vector<int64_t> bias_shape = has_bias ? (*bias)->Shape() : std::vector<int64_t>{};
     core::DeformConv2dParams p;
-    if (Ort::Status bad = check_modulated_deform_conv(*this, input.Shape(), offset.Shape(), mask.Shape(),
-                                                      weight.Shape(), has_bias ? &bias_shape : nullptr, p);
+    const T* bias_data = nullptr;
+    if (Ort::Status bad = check_modulated_deform_conv_inputs(*this, input, offset, mask, weight, bias, p, &bias_data);
         !bad.IsOK())
       return bad;
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
     std::vector<T> zeros;
-    if (!has_bias) zeros.assign(static_cast<size_t>(p.out_channels), T{});
+    if (bias_data == nullptr) zeros.assign(static_cast<size_t>(p.out_channels), T{});
     deform_conv2d_run<T>(ctx, p, input.Data(), weight.Data(), offset.Data(), mask.Data(),
-                         has_bias ? (*bias)->Data() : zeros.data(), out);
+                         bias_data ? bias_data : zeros.data(), out);
     return Ort::Status(nullptr);
   }
 };

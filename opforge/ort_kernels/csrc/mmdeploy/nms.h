@@ -103,11 +103,14 @@ inline void check_nms_match_node(const OrtKernelInfo* info) {
   check_node_arity(info, kNmsMatchOp, {"boxes", "scores", "iou_threshold", "score_threshold"});
 }
 
-// A threshold input's one value (shape [1] as mmdeploy writes it, or a scalar): its
-// element count and its value read from host memory.
-inline std::string nms_match_threshold_count(int64_t count, const std::vector<int64_t>& shape, const char* name) {
-  if (count == 1) return "";
-  return std::string(kNmsMatchOp) + ": " + name + " must hold one value (shape [1]), got shape " + shape_str(shape);
+// The threshold inputs hold one value each (shape [1] as mmdeploy writes them, or scalars).
+template <typename U>
+Ort::Status check_nms_match_thresholds(const Ort::Custom::Tensor<U>& iou, const Ort::Custom::Tensor<U>& score) {
+  for (const auto* t : {&iou, &score})
+    if (t->NumberOfElement() != 1)
+      return invalid_argument(std::string(kNmsMatchOp) + ": " + (t == &iou ? "iou_threshold" : "score_threshold") +
+                              " must hold one value (shape [1]), got shape " + shape_str(t->Shape()));
+  return Ort::Status(nullptr);
 }
 
 // NMSMatch's shapes and thresholds checked into p.

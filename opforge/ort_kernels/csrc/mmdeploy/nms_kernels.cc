@@ -39,11 +39,7 @@ struct NmsMatchKernel {
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
                       const Ort::Custom::Tensor<U>& iou_threshold, const Ort::Custom::Tensor<U>& score_threshold,
                       Ort::Custom::Tensor<int64_t>& output) {
-    for (const auto* t : {&iou_threshold, &score_threshold})
-      if (std::string err = nms_match_threshold_count(t->NumberOfElement(), t->Shape(),
-                                                      t == &iou_threshold ? "iou_threshold" : "score_threshold");
-          !err.empty())
-        return invalid_argument(err);
+    if (Ort::Status bad = check_nms_match_thresholds(iou_threshold, score_threshold); !bad.IsOK()) return bad;
     const double iou = core::load(*core_ptr(iou_threshold.Data()));
     const double score = core::load(*core_ptr(score_threshold.Data()));
     core::NmsMulticlassParams p;

@@ -22,13 +22,12 @@ struct ModulatedDeformConvCudaKernel : ModulatedDeformConvAttrs {
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& offset,
                       const Ort::Custom::Tensor<T>& mask, const Ort::Custom::Tensor<T>& weight,
                       std::optional<const Ort::Custom::Tensor<T>*> bias, Ort::Custom::Tensor<T>& output) {
-    const bool has_bias = with_bias && bias.has_value() && *bias != nullptr;
-    const std::vector<int64_t> bias_shape = has_bias ? (*bias)->Shape() : std::vector<int64_t>{};
     core::DeformConv2dParams p;
-    if (Ort::Status bad = check_modulated_deform_conv(*this, input.Shape(), offset.Shape(), mask.Shape(),
-                                                      weight.Shape(), has_bias ? &bias_shape : nullptr, p);
+    const T* bias_data = nullptr;
+    if (Ort::Status bad = check_modulated_deform_conv_inputs(*this, input, offset, mask, weight, bias, p, &bias_data);
         !bad.IsOK())
       return bad;
+    const bool has_bias = bias_data != nullptr;
     T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
     if (p.batch == 0) return Ort::Status(nullptr);
     const InputDeviceGuard device(ctx);
@@ -42,7 +41,7 @@ struct ModulatedDeformConvCudaKernel : ModulatedDeformConvAttrs {
     }
     return deform_conv2d_cuda_run<T>(ctx, cublas, kModulatedDeformConvOp, p, input.Data(), weight.Data(),
                                      offset.Data(), mask.Data(),
-                                     has_bias ? (*bias)->Data() : static_cast<const T*>(zeros.get()), out);
+                                     has_bias ? bias_data : static_cast<const T*>(zeros.get()), out);
   }
 };
 

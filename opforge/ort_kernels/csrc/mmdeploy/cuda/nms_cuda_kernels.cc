@@ -15,14 +15,6 @@ namespace mmdeploy {
 
 namespace {
 
-template <typename T>
-Ort::Status to_host(const T* device, size_t count, std::vector<T>& host, cudaStream_t stream, const char* op,
-                    const char* what) {
-  host.resize(count);
-  if (count == 0) return Ort::Status(nullptr);
-  return cuda_status(cudaMemcpyAsync(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream), op, what);
-}
-
 // The rows (width columns) as the node's int64 output on the device.
 Ort::Status write_rows(const std::vector<int64_t>& rows, int64_t width, Ort::Custom::Tensor<int64_t>& output,
                        cudaStream_t stream, const char* op) {
@@ -68,11 +60,7 @@ struct NmsMatchCudaKernel {
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
                       const Ort::Custom::Tensor<U>& iou_threshold, const Ort::Custom::Tensor<U>& score_threshold,
                       Ort::Custom::Tensor<int64_t>& output) {
-    for (const auto* t : {&iou_threshold, &score_threshold})
-      if (std::string err = nms_match_threshold_count(t->NumberOfElement(), t->Shape(),
-                                                      t == &iou_threshold ? "iou_threshold" : "score_threshold");
-          !err.empty())
-        return invalid_argument(err);
+    if (Ort::Status bad = check_nms_match_thresholds(iou_threshold, score_threshold); !bad.IsOK()) return bad;
     const InputDeviceGuard device(ctx);
     const cudaStream_t stream = compute_stream(ctx);
     std::vector<U> thresholds[2];
