@@ -52,6 +52,19 @@ def test_deform_conv2d_missing_attribute(missing):
         opforge.ort_session(_model("deform_conv2d", DEFORM_INPUTS, **attrs))
 
 
-def test_well_formed_nodes_still_create_sessions():
-    opforge.ort_session(_model("my_add", ["A", "B"]))
-    opforge.ort_session(_model("deform_conv2d", DEFORM_INPUTS, **DEFORM_ATTRS))
+def test_well_formed_nodes_still_create_sessions_and_compute():
+    """The checks refuse only malformed nodes: well-formed ones make sessions that give the op's values."""
+    import numpy as np
+    import torch
+    import torchvision
+
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32)
+    (y,) = opforge.ort_session(_model("my_add", ["A", "B"])).run(None, {"A": a, "B": b})
+    np.testing.assert_array_equal(y, 2 * a + b)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 2, 5, 5, generator=g), torch.randn(3, 2, 3, 3, generator=g)
+    offset, mask, bias = torch.randn(1, 18, 3, 3, generator=g), torch.rand(1, 9, 3, 3, generator=g), torch.randn(3)
+    feeds = dict(zip(DEFORM_INPUTS, (t.numpy() for t in (x, w, offset, mask, bias))))
+    (y,) = opforge.ort_session(_model("deform_conv2d", DEFORM_INPUTS, **DEFORM_ATTRS)).run(None, feeds)
+    want = torchvision.ops.deform_conv2d(x, offset, w, bias, mask=mask)
+    np.testing.assert_allclose(y, want.numpy(), rtol=1e-4, atol=1e-4)
