@@ -35,7 +35,7 @@ else
   "$venv/bin/python" "$root/opforge/build.py" fetch-ort-headers --dest "$root/deps/onnxruntime"
 fi
 
-step 4/4 "build opforge (torch extension, libopforge_ort.so, libopforge_aten.so)"
+step 4/4 "build opforge (torch extension, libopforge_ort.so, libopforge_mmdeploy.so, libopforge_aten.so)"
 cd "$root"
 "$venv/bin/python" -m pip install --no-build-isolation --no-deps -e . 2>&1 | grep -vE '^\s*$' | tail -n 3
 "$venv/bin/python" -c "import opforge; print('opforge ready:', opforge.ort_library_path())"
