@@ -301,6 +301,7 @@ def test_wheel_ships_libraries_and_headers(wheel_install):
     src = wheel_install.src
     expected = {
         "opforge/ort_kernels/libopforge_ort.so", "opforge/ort_kernels/libopforge_aten.so",
+        "opforge/ort_kernels/libopforge_mmdeploy.so",
         "opforge/csrc/opforge/ort_op.h", "opforge/csrc/opforge/torch_op.h", "opforge/csrc/core/half.h",
         "opforge/csrc/core/cuda/kernels.cuh", "opforge/csrc/opforge/ort_exports.map",
         "opforge/include/onnxruntime/onnxruntime_cxx_api.h", "opforge/include/onnxruntime/onnxruntime_lite_custom_op.h",
@@ -312,6 +313,7 @@ def test_wheel_ships_libraries_and_headers(wheel_install):
     assert sorted(expected - names) == []
     assert [n for n in names if n.startswith("opforge/_C.") and n.endswith(".so")], sorted(names)
     assert ("opforge/ort_kernels/libopforge_ort_cuda.so" in names) == wheel_install.cuda
+    assert ("opforge/ort_kernels/libopforge_mmdeploy_cuda.so" in names) == wheel_install.cuda
     assert not [n for n in names if n.endswith((".o", ".ninja"))]
 
 

@@ -52,7 +52,7 @@ def test_generated_package_layout_and_build(scaffold):
     files = sorted(p.relative_to(pkg_dir).as_posix() for p in pkg_dir.rglob("*") if p.is_file() and "build" not in p.parts)
     for expected in (f"src/{PKG}/csrc/{NAME}.h", f"src/{PKG}/csrc/{NAME}_torch.cpp", f"src/{PKG}/csrc/{NAME}_ort.cc",
                      f"src/{PKG}/csrc/cuda/{NAME}_cuda.cu", f"src/{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py",
-                     "pyproject.toml", "README.md", f"src/{PKG}/lib{PKG}_ort.so"):
+                     "pyproject.toml", "README.md", ".gitignore", f"src/{PKG}/lib{PKG}_ort.so"):
         assert expected in files, files
     check = _run([python, "-c", f"import torch, {PKG}; x = torch.linspace(-2, 2, 5, dtype=torch.float64);"
                   f"print(torch.ops.{PKG}.{NAME}(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item(),"

@@ -117,7 +117,7 @@ def test_the_package_follows_the_schema_and_is_named_after_the_op(tmp_path):
                      dtypes=["index=int64"], log=lambda s: None)
     files = _files(pkg_dir)
     assert sorted(files) == sorted([
-        "README.md", "pyproject.toml", "setup.py", f"benchmarks/bench_{MIXED}.py", f"tests/test_{MIXED}.py",
+        ".gitignore", "README.md", "pyproject.toml", "setup.py", f"benchmarks/bench_{MIXED}.py", f"tests/test_{MIXED}.py",
         f"src/{MIXED_PKG}/__init__.py", f"src/{MIXED_PKG}/_ort.py", f"src/{MIXED_PKG}/{MIXED}.py",
         f"src/{MIXED_PKG}/csrc/{MIXED}.h", f"src/{MIXED_PKG}/csrc/{MIXED}_torch.cpp",
         f"src/{MIXED_PKG}/csrc/{MIXED}_ort.cc", f"src/{MIXED_PKG}/csrc/core_tensor.h",

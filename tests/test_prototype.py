@@ -379,7 +379,7 @@ def test_generated_prototype_package_is_pure_python(prototype_package):
     _, pkg_dir = prototype_package
     files = sorted(p.relative_to(pkg_dir).as_posix() for p in pkg_dir.rglob("*") if p.is_file()
                    and "egg-info" not in p.as_posix() and "__pycache__" not in p.parts)
-    assert files == ["README.md", "pyproject.toml", "src/opf_proto_pkg/__init__.py", "src/opf_proto_pkg/swish.py",
+    assert files == [".gitignore", "README.md", "pyproject.toml", "src/opf_proto_pkg/__init__.py", "src/opf_proto_pkg/swish.py",
                      "tests/test_swish.py"]
 
 

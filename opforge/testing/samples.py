@@ -35,6 +35,11 @@ class Sample:
     ``batch``: names of the tensor arguments whose dim 0 is a shared batch dim, exported as
     dynamic (ORT is then also run at twice the batch). Default: the first tensor argument
     and every other tensor argument of exactly its shape; ``()`` exports static shapes only.
+    "Twice the batch": each batch tensor is concatenated along dim 0 with a copy flipped along
+    dim 0 and scaled elementwise by factors in [0.5, 1] (new values; signs kept, magnitudes only
+    shrunk, so a mask in [0, 1] or a positive scale stays valid), and the exported model's
+    output for it must equal the op's. An argument whose values must stay exact (indices, a
+    count) should not be in ``batch``.
     ``rtol``/``atol``: a number for every dtype or ``{dtype: tol}``, replacing the defaults.
     """
 
