@@ -68,14 +68,33 @@ def register_schema() -> None:
 
 # ---- post-processing of exported models -------------------------------------------------
 
-def _constants(graph: onnx.GraphProto) -> dict:
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attr.t)
-    return values
+class _Constants(dict):
+    """name -> value of a graph's initializers and Constant nodes, made once per prepare() and
+    converted to numpy only when read: the constants ATen arguments name are read, the model's
+    weights never are. Constants prepare() adds are added here too (``add``)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        super().__init__()
+        for init in graph.initializer:
+            dict.__setitem__(self, init.name, init)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        dict.__setitem__(self, node.output[0], attr.t)
+
+    def __getitem__(self, name):
+        value = dict.__getitem__(self, name)
+        if isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+            dict.__setitem__(self, name, value)
+        return value
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    def add(self, tensor: onnx.TensorProto) -> None:
+        dict.__setitem__(self, tensor.name, tensor)
 
 
 def _output_dtypes(op: torch._ops.OpOverload, node: onnx.NodeProto, types: dict, shapes: dict, consts: dict,
@@ -150,10 +169,10 @@ def _fix_string_constants(g: onnx.GraphProto) -> None:
                 attr.CopyFrom(helper.make_attribute("value", helper.make_tensor("value", TensorProto.STRING, [], [text])))
 
 
-def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes) -> None:
+def _unpack_sequence_outputs(g: onnx.GraphProto, aten_nodes, consts: _Constants) -> None:
     """The dynamo exporter gives a custom node one output and reads multiple returns
-    with ``SequenceAt(out, k)``; make those real outputs of the ATen node instead."""
-    consts = _constants(g)
+    with ``SequenceAt(out, k)``; make those real outputs of the ATen node instead (the index
+    constants nothing reads any more are dropped from the graph; ``consts`` may keep them)."""
     for node in aten_nodes:
         out = node.output[0]
         readers = [n for n in g.node if out in n.input]
@@ -193,14 +212,24 @@ def _resolve_node(g: onnx.GraphProto, node: onnx.NodeProto, index: int, consts: 
             new_inputs.append("")
             continue
         const = f"opforge_aten_{index}_{arg.name}"
-        if const not in {i.name for i in g.initializer}:  # (prepare may run twice on one model)
+        if const not in consts:  # (prepare may run twice on one model)
             g.initializer.append(_constant_tensor(value, arg, const))
+            consts.add(g.initializer[-1])
         new_inputs.append(const)
     kept = [a for a in node.attribute if a.name == "operator"]
     del node.attribute[:]
     node.attribute.extend(kept + [helper.make_attribute("overload_name", op._schema.overload_name)])
     del node.input[:]
     node.input.extend(new_inputs)
+
+
+#: metadata_props key prepare() sets on a model whose ATen nodes it normalised, so
+#: opforge.ort_session does not prepare (copy, rewrite, serialize) it a second time.
+PREPARED_KEY = "opforge.aten_prepared"
+
+
+def is_prepared(model: onnx.ModelProto) -> bool:
+    return any(p.key == PREPARED_KEY for p in model.metadata_props)
 
 
 def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, list[str]]:
@@ -223,16 +252,16 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
         del g.value_info[:]
         g.value_info.extend(typed)
     _fix_string_constants(g)
-    _unpack_sequence_outputs(g, aten_nodes)
+    consts = _Constants(g)  # name -> value: a constant must also fit the argument it fills
+    _unpack_sequence_outputs(g, aten_nodes, consts)
     ops = set()
     need_none = False
-    const_names = _constants(g)  # name -> value: a constant must also fit the argument it fills
     for index, node in enumerate(aten_nodes):
         if scalar_attrs(node):
-            _resolve_node(g, node, index, const_names)
+            _resolve_node(g, node, index, consts)
         elif not node_op(node)[1]:
             try:
-                _resolve_node(g, node, index, const_names)
+                _resolve_node(g, node, index, consts)
             except ValueError:
                 pass  # computed values for scalar arguments (sizes from shapes): resolve()'s rule names it
         operator, overload = node_op(node)
@@ -260,7 +289,6 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
     # The value_info written keeps every dim unknown (they may be dynamic); the sizes the meta
     # run gave are kept here for the ATen nodes that read them (ATen -> ATen chains), where
     # placeholder sizes would not fit together (a (2, 2) result added to a (3, 4) input).
-    consts = _constants(g)
     typed_values = {v.name for v in list(g.value_info) + list(g.output) if v.type.tensor_type.elem_type}
     pending = [n for n in aten_nodes if not all(o in typed_values for o in n.output if o)]
     meta_shapes: dict = {}
@@ -294,6 +322,8 @@ def prepare(model: onnx.ModelProto, allow_aten=None) -> tuple[onnx.ModelProto, l
             warnings.warn(f"opforge: could not infer output types of ATen node(s) {names}; "
                           "ONNX Runtime may reject the model", AtenFallbackWarning, stacklevel=2)
             break
+    if not is_prepared(model):
+        model.metadata_props.add(key=PREPARED_KEY, value="1")
     return model, sorted(ops)
 
 

@@ -80,6 +80,8 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
         policy.check_model(proto, allow_aten)
     except policy.MalformedAtenNode:
         return data, proto  # libopforge_aten refuses it when the session is created, as without opforge
+    if fallback.is_prepared(proto):
+        return data, proto  # opforge.export prepared it (the policy check above still ran)
     if isinstance(data, str) and any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer):
         return data, proto  # rewritten bytes would lose the path its external data is relative to
     prepared = onnx.ModelProto()
@@ -92,10 +94,7 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
         if fallback.has_scalar_attrs(proto):
             raise  # only opforge can read these nodes: its error says what does not bind
         return data, proto  # libopforge_aten names what is wrong (unknown operator, ...), as without opforge
-    serialized = prepared.SerializeToString()
-    if serialized == (data if isinstance(data, bytes) else proto.SerializeToString()):
-        return data, proto
-    return serialized, prepared
+    return prepared.SerializeToString(), prepared
 
 
 def custom_ops(model: onnx.ModelProto) -> dict[str, list[str]]:

@@ -56,17 +56,22 @@ def render(text: str, subs: dict[str, str]) -> str:
     return out
 
 
+def _output_path(template: Path, root: Path) -> str:
+    """A template's output path: its path below ``root`` without ``.tmpl``; ``gitignore``
+    becomes ``.gitignore`` (a dotfile would not be shipped in opforge's wheel)."""
+    rel = template.relative_to(root).as_posix()[: -len(".tmpl")]
+    return rel[: -len("gitignore")] + ".gitignore" if rel.split("/")[-1] == "gitignore" else rel
+
+
 def _template_files(prototype: bool, schema: bool, cuda: bool) -> dict:
     """{relative output path (still with __PKG__/__NAME__): template file} for the package kind."""
     if prototype:
-        return {t.relative_to(PROTOTYPE_TEMPLATE_DIR).as_posix()[: -len(".tmpl")]: t
-                for t in sorted(PROTOTYPE_TEMPLATE_DIR.rglob("*.tmpl"))}
-    files = {t.relative_to(TEMPLATE_DIR).as_posix()[: -len(".tmpl")]: t for t in sorted(TEMPLATE_DIR.rglob("*.tmpl"))}
+        return {_output_path(t, PROTOTYPE_TEMPLATE_DIR): t for t in sorted(PROTOTYPE_TEMPLATE_DIR.rglob("*.tmpl"))}
+    files = {_output_path(t, TEMPLATE_DIR): t for t in sorted(TEMPLATE_DIR.rglob("*.tmpl"))}
     if not cuda:
         files = {rel: t for rel, t in files.items() if "/cuda/" not in f"/{rel}"}
     if schema:  # the op-specific files for the schema, over the shared ones (pyproject, setup.py, _ort.py, __init__)
-        files.update({t.relative_to(SCHEMA_TEMPLATE_DIR).as_posix()[: -len(".tmpl")]: t
-                      for t in sorted(SCHEMA_TEMPLATE_DIR.rglob("*.tmpl"))})
+        files.update({_output_path(t, SCHEMA_TEMPLATE_DIR): t for t in sorted(SCHEMA_TEMPLATE_DIR.rglob("*.tmpl"))})
     return dict(sorted(files.items()))
 
 
