@@ -39,13 +39,24 @@ TORCHSCRIPT_OPSETS = range(9, 21)
 
 
 #: Element-type names for :class:`TensorArg` ``dtypes`` (torch's names) -> ONNX type strings.
-ONNX_TYPE_OF = {
-    "float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
-    "bfloat16": "tensor(bfloat16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "int16": "tensor(int16)",
-    "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)",
-}
+#: The one table of the tensor element types opforge handles: torch dtype name (also numpy's,
+#: but for bfloat16, which numpy lacks), ONNX type string, and ONNX element type (the value of
+#: onnx.TensorProto.<NAME>, stable in the ONNX spec, written here so this module needs no onnx).
+#: Every other dtype mapping in opforge is derived from it.
+ELEMENT_TYPES = (
+    ("float32", "tensor(float)", 1), ("float64", "tensor(double)", 11), ("float16", "tensor(float16)", 10),
+    ("bfloat16", "tensor(bfloat16)", 16), ("int64", "tensor(int64)", 7), ("int32", "tensor(int32)", 6),
+    ("int16", "tensor(int16)", 5), ("int8", "tensor(int8)", 3), ("uint8", "tensor(uint8)", 2),
+    ("bool", "tensor(bool)", 9),
+)
+#: torch dtype name -> ONNX type string.
+ONNX_TYPE_OF = {name: onnx_type for name, onnx_type, _ in ELEMENT_TYPES}
 #: ONNX type string -> torch dtype name (``getattr(torch, name)``), the inverse of ONNX_TYPE_OF.
 DTYPE_NAME_OF = {onnx_type: name for name, onnx_type in ONNX_TYPE_OF.items()}
+#: ONNX type string -> ONNX element type (onnx.TensorProto.FLOAT, ...).
+ELEM_TYPE_OF = {onnx_type: elem for _, onnx_type, elem in ELEMENT_TYPES}
+#: ONNX element type -> torch dtype name.
+DTYPE_NAME_OF_ELEM = {elem: name for name, _, elem in ELEMENT_TYPES}
 
 
 @dataclasses.dataclass(frozen=True)

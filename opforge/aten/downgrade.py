@@ -18,15 +18,10 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from ..spec import ELEM_TYPE_OF
 from .errors import BridgeError
 
-_ONNX_TYPE_STR = {
-    onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
-    onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.BFLOAT16: "tensor(bfloat16)",
-    onnx.TensorProto.INT64: "tensor(int64)", onnx.TensorProto.INT32: "tensor(int32)",
-    onnx.TensorProto.INT16: "tensor(int16)", onnx.TensorProto.INT8: "tensor(int8)",
-    onnx.TensorProto.UINT8: "tensor(uint8)", onnx.TensorProto.BOOL: "tensor(bool)",
-}
+_ONNX_TYPE_STR = {elem: onnx_type for onnx_type, elem in ELEM_TYPE_OF.items()}
 #: The opset torchlib writes; the graph :mod:`.translation` gives uses these schemas.
 SOURCE_OPSET = 18
 

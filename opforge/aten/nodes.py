@@ -16,19 +16,14 @@ from typing import Any, Optional
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper
+from onnx import helper
 
-from ..spec import ATEN_DOMAIN
+from ..spec import ATEN_DOMAIN, DTYPE_NAME_OF_ELEM
 from . import policy
 
 NONE_INPUT = "opforge_aten_none"  # must match csrc/aten_op.cc: kNoneInput
 
-ONNX_TO_TORCH = {
-    TensorProto.FLOAT: torch.float32, TensorProto.DOUBLE: torch.float64, TensorProto.FLOAT16: torch.float16,
-    TensorProto.BFLOAT16: torch.bfloat16, TensorProto.INT8: torch.int8, TensorProto.UINT8: torch.uint8,
-    TensorProto.INT16: torch.int16, TensorProto.INT32: torch.int32, TensorProto.INT64: torch.int64,
-    TensorProto.BOOL: torch.bool,
-}
+ONNX_TO_TORCH = {elem: getattr(torch, name) for elem, name in DTYPE_NAME_OF_ELEM.items()}
 TORCH_TO_ONNX = {v: k for k, v in ONNX_TO_TORCH.items()}
 
 

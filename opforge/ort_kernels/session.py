@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Union
 
 import onnx
 
-from ..spec import DOMAIN
+from ..spec import DOMAIN, ELEM_TYPE_OF
 from .libraries import (ATEN_DOMAIN, BUILTIN_DOMAINS, ENTRY_POINT_GROUP, MMDEPLOY_OPS, MMDEPLOY_DOMAINS, _LIBRARIES,
                         _MMDEPLOY_LIB_NAME, MissingOrtLibrary, _resolve, ort_library_path)
 from .ortx import _ORTX_HOLDERS, _is_ortx, ortx_library_path, ortx_python_op_tables
@@ -292,15 +292,8 @@ def ort_session(
 
 def _elem_type(onnx_type: str) -> int:
     """``tensor(int64)`` -> onnx.TensorProto.INT64."""
-    return _ELEM_TYPES[onnx_type]
+    return ELEM_TYPE_OF[onnx_type]
 
-
-_ELEM_TYPES = {"tensor(float)": onnx.TensorProto.FLOAT, "tensor(double)": onnx.TensorProto.DOUBLE,
-               "tensor(float16)": onnx.TensorProto.FLOAT16, "tensor(bfloat16)": onnx.TensorProto.BFLOAT16,
-               "tensor(int64)": onnx.TensorProto.INT64,
-               "tensor(int32)": onnx.TensorProto.INT32, "tensor(int16)": onnx.TensorProto.INT16,
-               "tensor(int8)": onnx.TensorProto.INT8, "tensor(uint8)": onnx.TensorProto.UINT8,
-               "tensor(bool)": onnx.TensorProto.BOOL}
 
 
 def check_library_kernels(domain: str, specs=None) -> list[str]:

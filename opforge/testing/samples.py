@@ -7,6 +7,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
+from ..spec import DTYPE_NAME_OF
+
 CHECKS = ("opcheck", "gradcheck", "reference", "export_torchscript", "export_dynamo", "onnx_reference",
           "float_attrs", "bad_inputs")
 
@@ -23,8 +25,8 @@ GRADCHECK_FULL_MAX_ELEMENTS = 2000
 #: little for kernels that round intermediates (bfloat16 has 3 fewer mantissa bits than float16).
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
-_DTYPE_OF_ONNX_TYPE = {"tensor(float)": torch.float32, "tensor(double)": torch.float64,
-                       "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
+#: ONNX float type string -> torch dtype (the float rows of spec.ELEMENT_TYPES).
+_DTYPE_OF_ONNX_TYPE = {t: getattr(torch, n) for t, n in DTYPE_NAME_OF.items() if getattr(torch, n).is_floating_point}
 
 Tolerance = Union[None, float, Mapping[torch.dtype, float]]
 

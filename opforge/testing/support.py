@@ -10,7 +10,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..spec import DTYPE_NAME_OF, ONNX_TYPE_OF, AttrArg, OpSpec, TensorArg
+from ..spec import DTYPE_NAME_OF, ELEM_TYPE_OF, ONNX_TYPE_OF, AttrArg, OpSpec, TensorArg
 from .samples import _DTYPE_OF_ONNX_TYPE, CHECKS, DYNAMO_OPSETS, TOLERANCES, Sample, Tolerance
 
 
@@ -169,15 +169,10 @@ def _double_batch(spec: OpSpec, values: list, batch: Sequence[str]) -> list:
 
 
 def _onnx_elem_type(dtype: torch.dtype) -> int:
-    from onnx import TensorProto
-
-    table = {torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE, torch.float16: TensorProto.FLOAT16,
-             torch.bfloat16: TensorProto.BFLOAT16, torch.int64: TensorProto.INT64, torch.int32: TensorProto.INT32,
-             torch.int16: TensorProto.INT16, torch.int8: TensorProto.INT8, torch.uint8: TensorProto.UINT8,
-             torch.bool: TensorProto.BOOL}
-    if dtype not in table:
+    name = str(dtype).removeprefix("torch.")
+    if name not in ONNX_TYPE_OF:
         raise ValueError(f"check_op: no ONNX element type for {dtype}")
-    return table[dtype]
+    return ELEM_TYPE_OF[ONNX_TYPE_OF[name]]
 
 
 def _ort_run(session, feeds: Mapping[str, torch.Tensor]) -> list:
