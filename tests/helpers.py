@@ -56,18 +56,18 @@ def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(Tensor
                initializers=()):
     """A model with one org.pytorch.aten::ATen node: graph inputs ``inputs`` [(name, type)], then
     the ``initializers`` (TensorProtos) and ``consts`` (arrays, as Constant nodes) as further inputs."""
-    from opforge.aten import fallback
+    from opforge.spec import ATEN_DOMAIN
 
     nodes = [helper.make_node("Constant", [], [f"c{i}"], value=numpy_helper.from_array(np.asarray(c)))
              for i, c in enumerate(consts)]
     nodes.append(helper.make_node("ATen", [n for n, _ in inputs] + [i.name for i in initializers] +
                                   [f"c{i}" for i in range(len(consts))], [f"y{i}" for i in range(n_out)],
-                                  domain=fallback.ATEN_DOMAIN, operator=operator, overload_name=overload))
+                                  domain=ATEN_DOMAIN, operator=operator, overload_name=overload))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
                               [helper.make_tensor_value_info(f"y{i}", out_types[i], None) for i in range(n_out)],
                               initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                                                   helper.make_opsetid(ATEN_DOMAIN, 1)])
 
 
 def run_in_ort(spec, values) -> torch.Tensor:

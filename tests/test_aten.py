@@ -15,7 +15,8 @@ import torch
 from onnx import TensorProto
 
 import opforge
-from opforge.aten import fallback, rules
+from opforge.spec import ATEN_DOMAIN
+from opforge.aten import fallback, nodes, rules
 
 from helpers import Lambda, aten_model
 
@@ -114,7 +115,7 @@ def test_fallback_round_trip(name, exporter):
         warnings.simplefilter("always")
         proto = opforge.export(model, (x,), dynamo=dynamo, aten_fallback=True, input_names=["x"], opset_version=18)
     fell_back = [str(w.message) for w in caught if issubclass(w.category, fallback.AtenFallbackWarning)]
-    aten_nodes = [n for n in proto.graph.node if n.domain == fallback.ATEN_DOMAIN]
+    aten_nodes = [n for n in proto.graph.node if n.domain == ATEN_DOMAIN]
     meta = {p.key: p.value for p in proto.metadata_props}
     if aten_nodes:  # never silent: warned and recorded, naming exactly the ops in the graph
         assert fell_back and "fell back to ATen nodes" in fell_back[-1]
@@ -159,7 +160,7 @@ def test_fallback_with_dynamic_shapes_and_a_mixed_model(exporter):
         warnings.simplefilter("ignore", fallback.AtenFallbackWarning)
         proto = opforge.export(model, (torch.randn(2, 4),), dynamo=dynamo, aten_fallback=True, input_names=["x"], **kw)
     domains = {n.domain for n in proto.graph.node}
-    assert {"opforge", fallback.ATEN_DOMAIN} <= domains
+    assert {"opforge", ATEN_DOMAIN} <= domains
     x = torch.randn(7, 4)
     with torch.no_grad():
         expected = model(x)
@@ -276,7 +277,7 @@ def test_hand_written_g_at_nodes_run_through_libopforge_aten(how, dtype):
 
 
 def _aten_node(operator, inputs, **attrs):
-    return onnx.helper.make_node("ATen", inputs, ["y"], domain=fallback.ATEN_DOMAIN, operator=operator,
+    return onnx.helper.make_node("ATen", inputs, ["y"], domain=ATEN_DOMAIN, operator=operator,
                                  overload_name="", **attrs)
 
 
@@ -290,14 +291,14 @@ def _aten_node(operator, inputs, **attrs):
     ("searchsorted", ["s", "c"], {}, {"c"}, "searchsorted.Tensor"),    # Tensor comes first for a constant
 ])
 def test_overloads_are_resolved_from_the_arguments(operator, inputs, attrs, consts, expected):
-    op, plan = fallback.bind_overload(_aten_node(operator, inputs, **attrs), consts)
+    op, plan = nodes.bind_overload(_aten_node(operator, inputs, **attrs), consts)
     assert f"{op._schema.name.split('::')[1]}.{op._overloadname}" == expected
     assert [p[1] for p in plan if p[0] == "value"] == list(attrs.values())
 
 
 def test_an_unbindable_g_at_node_names_the_overloads():
     with pytest.raises(ValueError, match=r"no overload of aten::pow takes inputs \['x'\], bogus=1.0 \(non-out overloads"):
-        fallback.bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
+        nodes.bind_overload(_aten_node("pow", ["x"], bogus=1.0), set())
 
 
 def test_g_at_with_int_and_keyword_scalar_attributes_runs():
@@ -307,7 +308,7 @@ def test_g_at_with_int_and_keyword_scalar_attributes_runs():
     graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                                    [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
-                                                         onnx.helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                                                         onnx.helper.make_opsetid(ATEN_DOMAIN, 1)])
     x = torch.randn(2, 3)
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_allclose(got, (torch.cumsum(x, 1) + 0.5 * x).numpy(), rtol=1e-6)
@@ -320,7 +321,7 @@ def test_g_at_with_a_bool_argument_given_as_an_int_attribute():
     graph = onnx.helper.make_graph([node, anynode], "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                                    [onnx.helper.make_tensor_value_info("y", TensorProto.BOOL, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
-                                                         onnx.helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                                                         onnx.helper.make_opsetid(ATEN_DOMAIN, 1)])
     x = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
     (got,) = opforge.ort_session(model).run(None, {"x": x.numpy()})
     np.testing.assert_array_equal(got, torch.any(torch.cumsum(x, 0), 1, keepdim=True).numpy())

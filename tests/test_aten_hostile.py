@@ -32,7 +32,7 @@ ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 TIMEOUT = 180 if ASAN else 60
 PEAK_RSS_LIMIT = 1.5e9
 ATEN = "org.pytorch.aten"
-NONE = "opforge_aten_none"  # opforge.aten.fallback.NONE_INPUT
+NONE = "opforge_aten_none"  # opforge.aten.nodes.NONE_INPUT
 INT64_MIN = -(2**63)
 F32, F64, I64, BOOL = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 

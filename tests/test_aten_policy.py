@@ -13,7 +13,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import opforge
-from opforge.aten import fallback, policy
+from opforge.spec import ATEN_DOMAIN
+from opforge.aten import fallback, nodes, policy
 
 from helpers import Lambda, aten_model
 
@@ -32,19 +33,19 @@ def _from_file_model(path: str, size: int = 16, prepared: bool = True) -> onnx.M
     in the form fallback.prepare writes (constant inputs), which libopforge_aten reads as is;
     else as a hand-written g.at node writes it (typed attributes)."""
     if not prepared:
-        node = helper.make_node("ATen", [], ["y"], domain=fallback.ATEN_DOMAIN, operator="from_file",
+        node = helper.make_node("ATen", [], ["y"], domain=ATEN_DOMAIN, operator="from_file",
                                 filename=path, size=size)
         inits = []
     else:
         inits = [helper.make_tensor("fname", TensorProto.STRING, [], [path.encode()]),
-                 numpy_helper.from_array(np.zeros(0, np.int64), fallback.NONE_INPUT),
+                 numpy_helper.from_array(np.zeros(0, np.int64), nodes.NONE_INPUT),
                  helper.make_tensor("size", TensorProto.INT64, [], [size])]
-        node = helper.make_node("ATen", ["fname", fallback.NONE_INPUT, "size"], ["y"],
-                                domain=fallback.ATEN_DOMAIN, operator="from_file", overload_name="")
+        node = helper.make_node("ATen", ["fname", nodes.NONE_INPUT, "size"], ["y"],
+                                domain=ATEN_DOMAIN, operator="from_file", overload_name="")
     graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                                                   helper.make_opsetid(ATEN_DOMAIN, 1)])
 
 
 # ---- the attack from the issue ------------------------------------------------------------
@@ -206,12 +207,12 @@ def test_every_op_of_the_coverage_table_runs_or_is_refused_with_a_reason():
 # ---- sizes a model asks for ---------------------------------------------------------------
 
 def _zeros_model(size_name="size") -> onnx.ModelProto:
-    node = helper.make_node("ATen", ["size"], ["y"], domain=fallback.ATEN_DOMAIN, operator="zeros",
+    node = helper.make_node("ATen", ["size"], ["y"], domain=ATEN_DOMAIN, operator="zeros",
                             overload_name="")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("size", TensorProto.INT64, [None])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                                                   helper.make_opsetid(ATEN_DOMAIN, 1)])
 
 
 def test_a_model_cannot_demand_terabytes():

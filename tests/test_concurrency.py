@@ -52,7 +52,7 @@ LEAK_SCRIPT = textwrap.dedent("""
     import opforge
     from onnx import TensorProto, helper
     from opforge.spec import find
-    from opforge.aten import fallback
+    from opforge.spec import ATEN_DOMAIN
     from opforge.testing import single_node_model
 
     spec = find("deform_conv2d")
@@ -61,10 +61,10 @@ LEAK_SCRIPT = textwrap.dedent("""
     deform = single_node_model(spec, values).SerializeToString()
     feeds = {a.onnx_name: v.numpy() for a, v in zip(spec.tensor_args, values[:5])}
     add = single_node_model(find("my_add"), [x, x]).SerializeToString()
-    node = helper.make_node("ATen", ["x"], ["y"], domain=fallback.ATEN_DOMAIN, operator="lgamma", overload_name="")
+    node = helper.make_node("ATen", ["x"], ["y"], domain=ATEN_DOMAIN, operator="lgamma", overload_name="")
     aten = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
-                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(fallback.ATEN_DOMAIN, 1)])
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ATEN_DOMAIN, 1)])
     aten = aten.SerializeToString()
 
     def rss_mib():

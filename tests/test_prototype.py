@@ -15,6 +15,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opforge
+from opforge.spec import ATEN_DOMAIN
 from opforge.aten import fallback
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
 
@@ -344,7 +345,7 @@ def test_mixed_model_runs_in_one_ort_session_with_no_manual_registration(dynamo)
     mixed = _prepend_string_lengths(main)
     onnx.checker.check_model(mixed)
     domains = {n.domain for n in mixed.graph.node}
-    assert {"ai.onnx.contrib", "opforge", fallback.ATEN_DOMAIN, DOMAIN} <= domains, domains
+    assert {"ai.onnx.contrib", "opforge", ATEN_DOMAIN, DOMAIN} <= domains, domains
     assert opforge.ort_kernels.custom_ops(mixed)["ai.onnx.contrib"] == ["ai.onnx.contrib::StringLength"]
 
     texts = ["a", "opforge", "", "onnx runtime", "xyz"]  # batch 5, exported at 2

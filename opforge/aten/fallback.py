@@ -17,10 +17,9 @@ on meta tensors.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -30,9 +29,8 @@ from onnx.defs import OpSchema
 
 from ..exporter_cache import torchlib_registry
 from . import policy
-from .nodes import (ATEN_DOMAIN, NONE_INPUT, ONNX_TO_TORCH, SCALAR_TYPES, TORCH_TO_ONNX, bind_overload,  # noqa: F401
-                    check_constant, decode_constant, dispatch_order, has_scalar_attrs, node_op,
-                    resolve, scalar_attrs)
+from .nodes import (ATEN_DOMAIN, NONE_INPUT, ONNX_TO_TORCH, SCALAR_TYPES, TORCH_TO_ONNX, bind_overload,
+                    check_constant, decode_constant, node_op, resolve, scalar_attrs)
 
 
 
@@ -399,28 +397,6 @@ def _is_value(x) -> bool:
     if isinstance(x, (list, tuple)):
         return any(_is_value(v) for v in x)
     return not isinstance(x, (bool, int, float, str, torch.dtype, type(None)))
-
-
-def unsupported_targets(exported: torch.export.ExportedProgram, custom: Optional[dict] = None) -> list:
-    """call_function targets of ``exported`` with no ONNX translation (torchlib + ``custom``)."""
-    registry = torchlib_registry()
-    custom = custom or {}
-    missing = []
-    for node in exported.graph.nodes:
-        t = node.target
-        if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or t in custom:
-            continue
-        if not registry.is_registered(t) and t not in missing:
-            missing.append(t)
-    return missing
-
-
-@dataclasses.dataclass
-class FallbackReport:
-    ops: list
-
-    def __str__(self) -> str:
-        return "ATen fallback for: " + (", ".join(self.ops) if self.ops else "(none)")
 
 
 def _canonical(op: torch._ops.OpOverload) -> torch._ops.OpOverload:

@@ -74,7 +74,7 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     overloads resolved, outputs typed (ONNX Runtime cannot infer them). The model is left as it is
     when it needs nothing. An operator outside libopforge_aten's allowed set (and ``allow_aten``)
     is refused here, before any of the model is run (:mod:`opforge.aten.policy`)."""
-    from ..aten import fallback, policy
+    from ..aten import fallback, nodes, policy
 
     try:
         policy.check_model(proto, allow_aten)
@@ -91,7 +91,7 @@ def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
     except policy.AtenOpRefused:
         raise
     except ValueError:
-        if fallback.has_scalar_attrs(proto):
+        if nodes.has_scalar_attrs(proto):
             raise  # only opforge can read these nodes: its error says what does not bind
         return data, proto  # libopforge_aten names what is wrong (unknown operator, ...), as without opforge
     return prepared.SerializeToString(), prepared

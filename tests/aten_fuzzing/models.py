@@ -10,7 +10,7 @@ from .schemas import Schema
 
 
 ATEN_DOMAIN = "org.pytorch.aten"
-NONE_INPUT = "opforge_aten_none"  # opforge.aten.fallback.NONE_INPUT
+NONE_INPUT = "opforge_aten_none"  # opforge.aten.nodes.NONE_INPUT
 
 ONNX_OF = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
            torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
