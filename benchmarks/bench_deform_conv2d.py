@@ -20,17 +20,16 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import torchvision
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 import opforge
+from opforge.testing import node_model
 from timing import round_robin
 
 
 def single_node(op_type, domain, inputs, attrs, opsets):
-    node = helper.make_node(op_type, inputs, ["y"], domain=domain, **attrs)
-    graph = helper.make_graph([node], "bench", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    return node_model(op_type, [(n, TensorProto.FLOAT) for n in inputs], [("y", TensorProto.FLOAT)], domain=domain,
+                      opsets=dict(opsets), **attrs)
 
 
 def main(argv=None) -> dict:

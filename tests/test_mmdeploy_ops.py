@@ -21,6 +21,7 @@ from onnx import AttributeProto, TensorProto, helper
 
 import opforge
 from opforge.ops.nms_rotated import _greedy
+from opforge.testing import node_model
 from opforge.testing.support import _ort_run
 from test_roi_align_rotated import torch_roi_align_rotated
 
@@ -33,12 +34,8 @@ TOL = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 2e-2, torch.bfl
 def mmdeploy_model(op, inputs, outputs, domain="mmdeploy", **attrs):
     """One node ``domain::op`` with inputs/outputs given as (name, element type) pairs; an input name
     "" is an omitted input."""
-    node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=domain, **attrs)
-    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, t, None) for n, t in inputs if n],
-                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs])
     # opset 11: what mmdeploy's onnx_config writes by default
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11), helper.make_opsetid(domain, 1)],
-                             ir_version=8)
+    return node_model(op, inputs, outputs, domain=domain, opsets={"": 11, domain: 1}, ir_version=8, **attrs)
 
 
 def session(model, threads=None):

@@ -3,9 +3,10 @@ the argument, never a crash: an omitted ("") input (the lite custom-op API would
 it before the kernel runs), a wrong number of inputs or outputs, a missing attribute."""
 
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 import opforge
+from opforge.testing import node_model
 
 DEFORM_ATTRS = dict(stride_h=1, stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=1, offset_groups=1,
                     use_mask=1)
@@ -13,11 +14,8 @@ DEFORM_INPUTS = ["input", "weight", "offset", "mask", "bias"]
 
 
 def _model(op, inputs, outputs=("Y",), **attrs):
-    node = helper.make_node(op, inputs, list(outputs), domain="opforge", **attrs)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs if n],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("opforge", 1)])
+    return node_model(op, [(n, TensorProto.FLOAT) for n in inputs], [(o, TensorProto.FLOAT) for o in outputs],
+                      domain="opforge", **attrs)
 
 
 @pytest.mark.parametrize("position", [0, 1])

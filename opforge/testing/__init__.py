@@ -69,7 +69,7 @@ from ..spec import OpSpec
 from .checks import RUNNERS, reference_kwargs
 from .samples import CHECKS, DYNAMO_OPSETS, GRADCHECK_FULL_MAX_ELEMENTS, ONNX_REFERENCE_OPSET, TOLERANCES, BadSample, Sample
 from .support import (_check_samples, _dynamo_opsets, _resolve_dtypes, _torchscript_opsets, not_applicable,
-                      single_node_model)
+                      node_model, single_node_model)
 
 
 def check_op(spec: OpSpec, samples: Iterable[Sample], *, bad_samples: Iterable[BadSample] = (),
@@ -137,4 +137,4 @@ def op_tests(spec: OpSpec, samples: Iterable[Sample], *, bad_samples: Iterable[B
 
 
 __all__ = ["BadSample", "CHECKS", "DYNAMO_OPSETS", "GRADCHECK_FULL_MAX_ELEMENTS", "ONNX_REFERENCE_OPSET", "Sample",
-           "TOLERANCES", "check_op", "not_applicable", "op_tests", "reference_kwargs", "single_node_model"]
+           "TOLERANCES", "check_op", "not_applicable", "op_tests", "node_model", "reference_kwargs", "single_node_model"]

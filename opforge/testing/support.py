@@ -206,28 +206,38 @@ def _custom_nodes(proto, spec: OpSpec) -> int:
     return sum(1 for n in nodes if (n.domain, n.op_type) == (spec.domain, spec.name))
 
 
+def node_model(op_type: str, inputs: Sequence, outputs: Sequence, *, domain: str = "",
+               opsets: Optional[dict] = None, ir_version: Optional[int] = None, **attrs):
+    """A model with one node ``domain::op_type``: ``inputs`` and ``outputs`` are (name, ONNX element
+    type or None) pairs (an input named "" is an omitted optional one), shapes unknown; ``opsets``
+    {domain: version} (default: the standard ops at 18 and ``domain`` at 1). The one builder of
+    single-node models in opforge, its tests and benchmarks."""
+    from onnx import helper
+
+    node = helper.make_node(op_type, [n for n, _ in inputs], [n for n, _ in outputs], domain=domain, **attrs)
+    graph = helper.make_graph([node], op_type, [helper.make_tensor_value_info(n, t, None) for n, t in inputs if n],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs])
+    opsets = opsets or {"": 18, **({domain: 1} if domain else {})}
+    extra = {} if ir_version is None else {"ir_version": ir_version}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()], **extra)
+
+
 def single_node_model(spec: OpSpec, values: Sequence):
     """A model with one node of the op: inputs typed (element type only) from the tensors in
     ``values`` (torch-order arguments), attributes from the rest."""
-    from onnx import helper
-
     inputs, attrs = spec.split_args(list(values))
-    names = [a.onnx_name if v is not None else "" for a, v in zip(spec.tensor_args, inputs)]
-    while names and names[-1] == "":  # trailing absent optional inputs are simply left out
-        names.pop()
-    graph_inputs = [helper.make_tensor_value_info(a.onnx_name, _onnx_elem_type(v.dtype), None)
-                    for a, v in zip(spec.tensor_args, inputs) if isinstance(v, torch.Tensor)]
+    graph_inputs = [(a.onnx_name, _onnx_elem_type(v.dtype)) if isinstance(v, torch.Tensor) else ("", None)
+                    for a, v in zip(spec.tensor_args, inputs)]
+    while graph_inputs and graph_inputs[-1][0] == "":  # trailing absent optional inputs are simply left out
+        graph_inputs.pop()
     # each output's type from the spec's type variables (the op's own type: its float inputs')
     type_strings = [ONNX_TYPE_OF.get(str(v.dtype).replace("torch.", "")) if isinstance(v, torch.Tensor) else None
                     for v in inputs]
     out_types = [_onnx_elem_type(getattr(torch, DTYPE_NAME_OF[spec.output_elem_type(k, type_strings)
                                                                or "tensor(float)"]))
                  for k in range(len(spec.output_args))]
-    node = helper.make_node(spec.name, names, list(spec.output_names), domain=spec.domain, **attrs)
-    graph = helper.make_graph([node], spec.name, graph_inputs,
-                              [helper.make_tensor_value_info(o, t, None) for o, t in zip(spec.output_names, out_types)])
-    return helper.make_model(graph, ir_version=9, opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid(spec.domain, spec.domain_version)])
+    return node_model(spec.name, graph_inputs, list(zip(spec.output_names, out_types)), domain=spec.domain,
+                      opsets={"": 18, spec.domain: spec.domain_version}, ir_version=9, **attrs)
 
 
 class _OpModule(torch.nn.Module):
