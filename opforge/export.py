@@ -14,6 +14,7 @@ import torch
 
 from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
 from .aten import fallback as _aten
+from .aten import fallback_dynamo as _aten_dynamo
 from .aten.diagnosis import explain_failure as _explain_failure
 from .exporter_cache import reused_exporter_setup
 from .symbolics import dynamo as _dynamo
@@ -235,8 +236,8 @@ def _run_dynamo_exporter(model, args, *, opset, standard, input_names, output_na
             if dynamic_shapes is None and dynamic_axes is not None:
                 raise ValueError("opforge.export: with aten_fallback and dynamo=True, give dynamic_shapes")
             exported = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
-        model, fallback_ops = _aten.decompose_keeping_fallbacks(exported, table)
-        table = {**table, **{op: _aten.fallback_translation(op) for op in fallback_ops}}
+        model, fallback_ops = _aten_dynamo.decompose_keeping_fallbacks(exported, table)
+        table = {**table, **{op: _aten_dynamo.fallback_translation(op) for op in fallback_ops}}
         dynamic_shapes = dynamic_axes = kwargs = None  # carried by the ExportedProgram
     with _quiet_untyped_custom_outputs(aten_fallback):
         program = torch.onnx.export(

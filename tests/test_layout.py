@@ -136,7 +136,7 @@ ATEN_LAYERS = (
     {"errors", "policy", "samples", "rules"},
     {"nodes"},
     {"lowerings", "fallback"},
-    {"binding", "compositions", "downgrade"},
+    {"binding", "compositions", "downgrade", "fallback_dynamo"},
     {"translation"},
     {"bridge"},
     {"coverage"},

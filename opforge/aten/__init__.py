@@ -23,7 +23,7 @@ Tools:
 * :mod:`.coverage`: ``opforge coverage``, held to the committed ``coverage.json``.
 
 Layers, lowest first (a module imports only modules of earlier lines): errors, policy, samples,
-rules; lowerings, fallback; binding, compositions, downgrade; translation; bridge; coverage;
+rules; lowerings, fallback; binding, compositions, downgrade, fallback_dynamo; translation; bridge; coverage;
 diagnosis. ``import opforge`` calls :func:`register_all`.
 """
 

@@ -207,11 +207,11 @@ def _torchscript_unsupported(model, args, opset) -> tuple[list[str], list[str]]:
 
 def _dynamo_unsupported(model, args, kwargs, dynamic_shapes) -> list[str]:
     from ..symbolics import dynamo
-    from . import fallback
+    from . import fallback_dynamo
 
     exported = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(
         model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
-    _, ops, others = fallback.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
+    _, ops, others = fallback_dynamo.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
     names = []
     for op in [*ops, *others]:
         s = op._schema
