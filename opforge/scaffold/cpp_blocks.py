@@ -11,10 +11,10 @@ _CPP_ATTR = {"int": "int64_t", "ints": "std::vector<int64_t>", "float": "float",
              "bool": "bool"}
 _TORCH_ATTR = {"int": "int64_t", "ints": "at::IntArrayRef", "float": "double", "floats": "at::ArrayRef<double>",
                "bool": "bool"}
-_PY_ATTR = {"int": "int", "ints": "list[int]", "float": "float", "floats": "list[float]", "bool": "bool"}
+PY_ATTR = {"int": "int", "ints": "list[int]", "float": "float", "floats": "list[float]", "bool": "bool"}
 
 
-def _wrap(head: str, items, tail: str = "", indent: int = 0, width: int = 110, sep: str = ",") -> str:
+def wrap(head: str, items, tail: str = "", indent: int = 0, width: int = 110, sep: str = ",") -> str:
     """``head + items joined by sep + " " + tail`` (a call, a signature, adjacent string literals
     with ``sep=""``), its items wrapped onto more lines when it would pass ``width`` at ``indent``
     (the first line's indent, which the caller writes): aligned after ``head``, or, when ``head``
@@ -39,7 +39,7 @@ def _wrap(head: str, items, tail: str = "", indent: int = 0, width: int = 110, s
     return "\n".join(lines)
 
 
-def _literal_pieces(text: str, width: int = 60) -> list:
+def literal_pieces(text: str, width: int = 60) -> list:
     """``text`` as double-quoted literals of about ``width`` characters, split after spaces (for
     adjacent string literals, which Python and C++ both join)."""
     pieces, current = [], ""
@@ -63,7 +63,7 @@ def _cpp_comment(text: str, indent: int = 2, width: int = 110) -> str:
                                    break_long_words=False, break_on_hyphens=False))
 
 
-def _placeholder_math(sig: OpSignature) -> str:
+def placeholder_math(sig: OpSignature) -> str:
     """The placeholder, in words (docstrings, README, comments)."""
     x = sig.primary.name
     floats = " + ".join(a.name for a in sig.float_attrs)
@@ -78,7 +78,7 @@ def _cpp_scale(sig: OpSignature) -> str:
     return " + ".join(["F(1)"] + [f"static_cast<F>(args.{a.name})" for a in sig.float_attrs])
 
 
-def _core_blocks(sig: OpSignature, camel: str) -> dict:
+def core_blocks(sig: OpSignature, camel: str) -> dict:
     x = sig.primary.name
     fields = []
     for a in sig.args:
@@ -138,9 +138,9 @@ def _core_blocks(sig: OpSignature, camel: str) -> dict:
         "CORE_RULE_OUT": f"  out = {{{every_shape}}};",
         "CORE_FORWARD_BODY": forward,
         "CORE_HEADER_NOTE": _cpp_comment(f"The function to write is {sig.name}_forward ({derivative}). Until you "
-                                         f"do, it computes a PLACEHOLDER: {_placeholder_math(sig)}.", 0),
+                                         f"do, it computes a PLACEHOLDER: {placeholder_math(sig)}.", 0),
         "CORE_OUTPUT_LIST": ", ".join(f"{k}: {o}" for k, o in enumerate(sig.outputs)),
-        "CORE_FORWARD_SIGNATURE": _wrap(f"std::string {sig.name}_forward(", [
+        "CORE_FORWARD_SIGNATURE": wrap(f"std::string {sig.name}_forward(", [
             f"const {camel}Args<F>& args", "const Alloc& alloc", "const ParallelFor& parallel_for"], ") {"),
         "CORE_GRADS_STRUCT": "",
         "CORE_BACKWARD": "",
@@ -182,7 +182,7 @@ struct {camel}Grads {{
 {backward_doc}
 // The autograd formula in {sig.name}.py calls it through the op _{sig.name}_backward.
 template <typename F, typename Alloc, typename ParallelFor>
-{_wrap(f"std::string {sig.name}_backward(", [f"const {camel}Args<F>& args", f"const {camel}Grads<F>& grads",
+{wrap(f"std::string {sig.name}_backward(", [f"const {camel}Args<F>& args", f"const {camel}Grads<F>& grads",
                                              "const Alloc& alloc", "const ParallelFor& parallel_for"], ") {")}
 {backward_note}
 {body}
@@ -192,12 +192,12 @@ template <typename F, typename Alloc, typename ParallelFor>
     return blocks
 
 
-def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
+def torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
     x = sig.primary.name
     check_params = [f"const at::Tensor& {t.name}" for t in sig.tensors]
 
     def check(condition: str, *message: str) -> str:
-        return "  " + _wrap("TORCH_CHECK_TYPE(", [condition, "kOp", *message], ");", indent=2)
+        return "  " + wrap("TORCH_CHECK_TYPE(", [condition, "kOp", *message], ");", indent=2)
 
     checks = [check(f"opforge::is_supported_float({x}.scalar_type())", f'": {x} has dtype "', f"{x}.scalar_type()",
                     '"; supported dtypes are float32, float64, float16 and bfloat16"')]
@@ -212,7 +212,7 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
         else:
             checks.append(check(f"{given}{t.name}.scalar_type() == {OWN_DTYPES[t.dtype][1]}",
                                 f'": {t.name} has dtype "', f"{t.name}.scalar_type()", f'" but must be {t.dtype}"'))
-    checks.append("  " + _wrap("opforge::check_same_device(kOp, {", [f'{{"{t.name}", &{t.name}}}' for t in sig.tensors],
+    checks.append("  " + wrap("opforge::check_same_device(kOp, {", [f'{{"{t.name}", &{t.name}}}' for t in sig.tensors],
                                "});", indent=2))
 
     core_params = [f"const at::Tensor& {a.name}" if a.is_tensor else f"{_TORCH_ATTR[a.kind]} {a.name}"
@@ -256,7 +256,7 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
                           "under dynamic shapes); it returns the outputs' shapes flattened, [rank0, dims0..., rank1, "
                           f"...]. The fake impl and ONNX shape inference call it (opforge.ShapeRule in {sig.name}.py), "
                           "so they check and size exactly as the kernels do.", 0)}
-{_wrap(f"std::vector<c10::SymInt> {sig.name}_output_shapes(", rule_params, ") {")}
+{wrap(f"std::vector<c10::SymInt> {sig.name}_output_shapes(", rule_params, ") {")}
   core::{camel}Shapes<c10::SymInt> in;
 {chr(10).join(rule_body)}
   std::vector<std::vector<c10::SymInt>> out;
@@ -276,7 +276,7 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
     prepared = "\n".join(
         f"  const at::Tensor {t.name}_in = torch_glue::prepared({t.name}{'' if t.dtype else ', compute'});"
         for t in sig.tensors)
-    core_call = _wrap("core_args<scalar_t>(", [f"{a.name}_in" if a.is_tensor else a.name for a in sig.args], "),",
+    core_call = wrap("core_args<scalar_t>(", [f"{a.name}_in" if a.is_tensor else a.name for a in sig.args], "),",
                       indent=8)
 
     def returns(n):
@@ -289,7 +289,7 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
     n_out = len(sig.outputs)
     forward = f"""{_cpp_comment(f"The CPU kernel of {pkg}::{sig.name}: checks, then the core on contiguous tensors "
                              "(float ones in the compute type), the outputs converted back to the inputs' dtype.", 0)}
-{_wrap(f"{returns(n_out)} {sig.name}_cpu(", forward_params, ") {")}
+{wrap(f"{returns(n_out)} {sig.name}_cpu(", forward_params, ") {")}
   check_args({check_call});
   const at::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
 {prepared}
@@ -306,13 +306,13 @@ def _torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
 }}
 """
     blocks = {
-        "TORCH_CHECK_SIGNATURE": _wrap("void check_args(", check_params, ") {"),
+        "TORCH_CHECK_SIGNATURE": wrap("void check_args(", check_params, ") {"),
         "TORCH_CHECKS": "\n".join(checks),
-        "TORCH_CORE_ARGS_SIGNATURE": _wrap(f"core::{camel}Args<F> core_args(", core_params, ") {"),
+        "TORCH_CORE_ARGS_SIGNATURE": wrap(f"core::{camel}Args<F> core_args(", core_params, ") {"),
         "TORCH_CORE_ARGS_BODY": "\n".join(body),
         "TORCH_FORWARD": forward.rstrip("\n"),
         "TORCH_SHAPE_RULE": rule.rstrip("\n"),
-        "TORCH_DEF_SHAPE_RULE": "\n  " + _wrap("m.def(", _literal_pieces(rule_def, 98),
+        "TORCH_DEF_SHAPE_RULE": "\n  " + wrap("m.def(", literal_pieces(rule_def, 98),
                                                f", &{pkg}::{sig.name}_output_shapes);", indent=2, sep=""),
         "TORCH_BACKWARD": "",
         "TORCH_BACKWARD_NOTE": "",
@@ -332,7 +332,7 @@ constexpr const char* kBackwardOp = "{pkg}::_{sig.name}_backward";
 
 {_cpp_comment(f"The CPU kernel of {pkg}::_{sig.name}_backward: the gradients of {names} from the outputs' "
              f"gradients (core::{sig.name}_backward). Autograd calls it; it has no derivative of its own.", 0)}
-{_wrap(f"{returns(n_grad)} {sig.name}_backward_cpu(", grad_params + forward_params, ") {")}
+{wrap(f"{returns(n_grad)} {sig.name}_backward_cpu(", grad_params + forward_params, ") {")}
   check_args({check_call});
   const at::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
 {prepared}
@@ -359,7 +359,7 @@ constexpr const char* kBackwardOp = "{pkg}::_{sig.name}_backward";
 
 def _def_line(schema: str, indent: int = 2) -> str:
     """``m.def("<schema>");``, the schema split into adjacent literals when the line would be long."""
-    return _wrap("m.def(", _literal_pieces(schema, 100 - indent), ");", indent=indent, sep="")
+    return wrap("m.def(", literal_pieces(schema, 100 - indent), ");", indent=indent, sep="")
 
 
 def _canonical(schema: str) -> str:
@@ -369,14 +369,14 @@ def _canonical(schema: str) -> str:
     return str(torch._C.parse_schema(schema))
 
 
-def _ort_blocks(sig: OpSignature) -> dict:
+def ort_blocks(sig: OpSignature) -> dict:
     members, reads = [], []
     if any(t.optional for t in sig.tensors):
         listed = [f'{{"{t.name}", {"true" if t.optional else "false"}}}' for t in sig.tensors]
-        reads.append("    " + _wrap("ort_glue::check_node_inputs(info, kOp, {", listed, f"}}, {len(sig.outputs)});",
+        reads.append("    " + wrap("ort_glue::check_node_inputs(info, kOp, {", listed, f"}}, {len(sig.outputs)});",
                                     indent=4))
     else:
-        reads.append("    " + _wrap("opforge::ort::check_node_arity(info, kOp, {", [f'"{t.name}"' for t in sig.tensors],
+        reads.append("    " + wrap("opforge::ort::check_node_arity(info, kOp, {", [f'"{t.name}"' for t in sig.tensors],
                                     f"}}, {len(sig.outputs)});", indent=4))
     for a in sig.attrs:
         if a.kind == "float":
@@ -407,7 +407,7 @@ def _ort_blocks(sig: OpSignature) -> dict:
     return {
         "ORT_ATTR_MEMBERS": "\n".join(members) + ("\n" if members else ""),
         "ORT_ATTR_READS": "\n".join(reads),
-        "ORT_COMPUTE_SIGNATURE": _wrap("Ort::Status Compute(", params, ") {", indent=2),
+        "ORT_COMPUTE_SIGNATURE": wrap("Ort::Status Compute(", params, ") {", indent=2),
         "ORT_ARGS_BODY": "\n".join(body),
         "ORT_OUTPUT_PTRS": "{" + ", ".join(f"&{o}" for o in sig.outputs) + "}",
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .cpp_blocks import _PY_ATTR, _core_blocks, _literal_pieces, _ort_blocks, _placeholder_math, _torch_blocks, _wrap
+from .cpp_blocks import PY_ATTR, core_blocks, literal_pieces, ort_blocks, placeholder_math, torch_blocks, wrap
 from .names import NewOp
 from .schema import OWN_DTYPES, OpSignature, SchemaArg
 
@@ -69,7 +69,7 @@ def _raise_type_error(condition: str, *message: str) -> list:
     merged = ("f" if any(m.startswith("f") for m in message) else "") + f'"{inner}"'
     if len(f"        raise TypeError({merged})") <= 110:
         message = (merged,)
-    return [f"    if {condition}:", "        " + _wrap("raise TypeError(", message, ")", indent=8, sep="")]
+    return [f"    if {condition}:", "        " + wrap("raise TypeError(", message, ")", indent=8, sep="")]
 
 
 def _py_blocks(sig: OpSignature, pkg: str) -> dict:
@@ -90,7 +90,7 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
             checks += _raise_type_error(f"{given}{t.name}.dtype != {OWN_DTYPES[t.dtype][2]}",
                                         f'f"{{_OP}}: {t.name} has dtype {{{t.name}.dtype}} "',
                                         f'"but must be {t.dtype}"')
-    checks.append("    " + _wrap("opforge.check_same_device(", ["_OP"] + [f"{t.name}={t.name}" for t in tensors], ")",
+    checks.append("    " + wrap("opforge.check_same_device(", ["_OP"] + [f"{t.name}={t.name}" for t in tensors], ")",
                                  indent=4))
     rule_args = [(f"None if {a.name} is None else {a.name}.shape" if a.optional else f"{a.name}.shape")
                  if a.is_tensor else a.name for a in sig.args]
@@ -103,13 +103,13 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
     def unpacked(targets: list, source: str) -> str:
         """``a, b = source`` (parenthesised and wrapped when long)."""
         line = ", ".join(targets) + ("," if len(targets) == 1 else "") + f" = {source}"
-        return "    " + (line if len(line) <= 100 else _wrap("(", targets, f") = {source}", indent=4))
+        return "    " + (line if len(line) <= 100 else wrap("(", targets, f") = {source}", indent=4))
 
     setup = ["def _setup_context(ctx, inputs, output) -> None:", unpacked(names, "inputs"),
              "    # every tensor input: what a backward reads",
-             "    " + _wrap("ctx.save_for_backward(", [t.name for t in tensors], ")", indent=4)]
+             "    " + wrap("ctx.save_for_backward(", [t.name for t in tensors], ")", indent=4)]
     if sig.attrs:
-        setup.append("    " + _wrap("ctx.attrs = (", [a.name for a in sig.attrs], ",)" if len(sig.attrs) == 1 else ")",
+        setup.append("    " + wrap("ctx.attrs = (", [a.name for a in sig.attrs], ",)" if len(sig.attrs) == 1 else ")",
                                     indent=4))
     unpack = [unpacked([t.name for t in tensors], "ctx.saved_tensors")]
     if sig.attrs:
@@ -117,7 +117,7 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
 
     def returning(items: list) -> str:
         line = "return " + ", ".join(items)
-        return line if len(line) <= 100 else _wrap("return (", items, ")", indent=4)
+        return line if len(line) <= 100 else wrap("return (", items, ")", indent=4)
 
     if sig.backward == "python":
         grad_sum = " + ".join(f"grad_{o}" for o in sig.outputs)
@@ -139,13 +139,12 @@ def _backward(ctx, {grads}):
     {returned}
 '''
     else:
-        bw_call = ", ".join(a.name for a in sig.args)
         results = ", ".join(f"grad_{a.name}" for a in sig.grad_inputs) + ("," if len(sig.grad_inputs) == 1 else "")
         if len(sig.grad_inputs) == 1:
             results = f"grad_{sig.grad_inputs[0].name}"
         returned = returning([f"grad_{a.name}" if a in sig.grad_inputs else "None" for a in sig.args])
         fake_grads = [f"{a.name}.new_empty({a.name}.shape)" for a in sig.grad_inputs]
-        fake_grads = fake_grads[0] if len(fake_grads) == 1 else _wrap("(", fake_grads, ")", indent=11)
+        fake_grads = fake_grads[0] if len(fake_grads) == 1 else wrap("(", fake_grads, ")", indent=11)
         grad_names = ", ".join(a.name for a in sig.grad_inputs)
         autograd = "\n".join(setup) + f'''
 
@@ -154,12 +153,12 @@ def _backward(ctx, {grads}):
     """{_doc(f"The gradients of {grad_names} from the C++ op {pkg}::_{sig.name}_backward ({sig.name}_backward "
             f"in csrc/{sig.name}.h); None for the other inputs.")}"""
 ''' + "\n".join(unpack) + f'''
-    {_wrap(f"{results} = torch.ops.{pkg}._{sig.name}_backward(", grad_names_list + names, ")", indent=4)}
+    {wrap(f"{results} = torch.ops.{pkg}._{sig.name}_backward(", grad_names_list + names, ")", indent=4)}
     {returned}
 
 
 @torch.library.register_fake("{pkg}::_{sig.name}_backward")
-{_wrap("def _backward_fake(", grad_names_list + names, "):")}
+{wrap("def _backward_fake(", grad_names_list + names, "):")}
     return {fake_grads}
 
 
@@ -197,7 +196,7 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
     def annotation(a):
         if a.is_tensor:
             return "Optional[torch.Tensor]" if a.optional else "torch.Tensor"
-        return _PY_ATTR[a.kind]
+        return PY_ATTR[a.kind]
 
     wrapper = [(a.name, annotation(a), a.default) for a in sig.args]
     init = [(a.name, annotation(a), a.default) for a in sig.attrs]
@@ -212,22 +211,22 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         else "from typing import Sequence",
         "OUTPUT_LIST": ", ".join(sig.outputs),
         "TENSOR_LIST": ", ".join(t.name for t in tensors),
-        "PY_FAKE_DEF": _wrap("def _fake(", names, "):"),
-        "PY_CHECK_DEF": _wrap("def _check(", [t.name for t in tensors], ") -> None:"),
-        "PY_CHECK_CALL": _wrap("_check(", [t.name for t in tensors], ")", indent=4),
-        "PY_WRAPPER_RETURN": _wrap(f"return torch.ops.{pkg}.{sig.name}(", names, ")", indent=4),
-        "PY_MODULE_RETURN": _wrap(f"return torch.ops.{pkg}.{sig.name}(", call, ")", indent=8),
+        "PY_FAKE_DEF": wrap("def _fake(", names, "):"),
+        "PY_CHECK_DEF": wrap("def _check(", [t.name for t in tensors], ") -> None:"),
+        "PY_CHECK_CALL": wrap("_check(", [t.name for t in tensors], ")", indent=4),
+        "PY_WRAPPER_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", names, ")", indent=4),
+        "PY_MODULE_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", call, ")", indent=8),
         "PY_DOC_SCHEMA": _doc(sig.schema, indent=8),
-        "PY_DOC_PLACEHOLDER": _doc(f"PLACEHOLDER math, until you write the op's: {_placeholder_math(sig)}.", 0),
-        "PY_REFERENCE_PLACEHOLDER": _doc(f"PLACEHOLDER: {_placeholder_math(sig)}."),
-        "PY_SPEC_SCHEMA": _wrap("schema=", _literal_pieces(sig.schema, 96), ",", indent=4, sep=""),
-        "PY_SPEC_DOC": _wrap("doc=", _literal_pieces(f"{sig.name} (PLACEHOLDER math: {_placeholder_math(sig)})", 96),
+        "PY_DOC_PLACEHOLDER": _doc(f"PLACEHOLDER math, until you write the op's: {placeholder_math(sig)}.", 0),
+        "PY_REFERENCE_PLACEHOLDER": _doc(f"PLACEHOLDER: {placeholder_math(sig)}."),
+        "PY_SPEC_SCHEMA": wrap("schema=", literal_pieces(sig.schema, 96), ",", indent=4, sep=""),
+        "PY_SPEC_DOC": wrap("doc=", literal_pieces(f"{sig.name} (PLACEHOLDER math: {placeholder_math(sig)})", 96),
                              ",", indent=4, sep=""),
         "PY_CHECKS": "\n".join(checks),
-        "PY_FAKE_SHAPES": _wrap("shapes = _shape_rule(", rule_args, ")", indent=4),
+        "PY_FAKE_SHAPES": wrap("shapes = _shape_rule(", rule_args, ")", indent=4),
         "PY_FAKE_RETURN": fake_return,
         "PY_AUTOGRAD": autograd,
-        "PY_REFERENCE_DEF": _wrap("def _reference(", reference_params, ") -> tuple:"),
+        "PY_REFERENCE_DEF": wrap("def _reference(", reference_params, ") -> tuple:"),
         "PY_NUMPY_SCALE": numpy_scale,
         "PY_REFERENCE_RETURN": reference_return,
         "PY_EXAMPLE_ARGS": examples,
@@ -236,10 +235,10 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_SPEC_HELPER_OPS": f'\n    helper_ops=("_{sig.name}_backward", "_{sig.name}_output_shapes"),  # C++ '
                               "helper ops, never exported" if sig.backward == "cpp" else
         f'\n    helper_ops=("_{sig.name}_output_shapes",),  # the shape rule op, never exported',
-        "PY_WRAPPER_DEF": _wrap(f"def {sig.name}(", _py_params(wrapper), f"){returns}:"),
-        "PY_MODULE_INIT_DEF": _wrap("def __init__(", ["self"] + _py_params(init), "):", indent=4),
+        "PY_WRAPPER_DEF": wrap(f"def {sig.name}(", _py_params(wrapper), f"){returns}:"),
+        "PY_MODULE_INIT_DEF": wrap("def __init__(", ["self"] + _py_params(init), "):", indent=4),
         "PY_MODULE_INIT_BODY": init_body,
-        "PY_MODULE_FORWARD_DEF": _wrap("def forward(", ["self"] + _py_params(forward), f"){returns}:", indent=4),
+        "PY_MODULE_FORWARD_DEF": wrap("def forward(", ["self"] + _py_params(forward), f"){returns}:", indent=4),
         "GRAD_INPUT_TEXT": _doc(grad_text),
         "BACKWARD_TODO": (f"\n* ``{sig.name}_backward`` in csrc/{sig.name}.h: its derivative (the C++ op "
                           f"``_{sig.name}_backward``);") if sig.backward == "cpp" else
@@ -290,10 +289,10 @@ def _readme_blocks(sig: OpSignature, spec: NewOp, dtypes: dict) -> dict:
 def schema_substitutions(sig: OpSignature, spec: NewOp, dtypes: Optional[dict] = None) -> dict:
     """Every ``{{KEY}}`` of the ``new_op_schema`` templates for ``sig`` (beside :meth:`NewOp.substitutions`)."""
     subs = dict(spec.substitutions())
-    subs.update(SCHEMA=sig.schema, PLACEHOLDER_MATH=_placeholder_math(sig), PRIMARY=sig.primary.name)
-    subs.update(_core_blocks(sig, spec.camel))
-    subs.update(_torch_blocks(sig, spec.package, spec.camel))
-    subs.update(_ort_blocks(sig))
+    subs.update(SCHEMA=sig.schema, PLACEHOLDER_MATH=placeholder_math(sig), PRIMARY=sig.primary.name)
+    subs.update(core_blocks(sig, spec.camel))
+    subs.update(torch_blocks(sig, spec.package, spec.camel))
+    subs.update(ort_blocks(sig))
     subs.update(_py_blocks(sig, spec.package))
     subs.update(_test_blocks(sig))
     subs.update(_readme_blocks(sig, spec, dtypes or {}))
