@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/deform_conv2d.h"
-#include "opforge/ort_op.h"
+#include "ort_common.h"
 
 namespace opforge {
 namespace ort {
@@ -40,15 +40,6 @@ inline void deform_conv2d_cpu(OrtKernelContext* ctx, const core::DeformConv2dPar
   });
 }
 
-// 16-bit storage -> float32 copy (core/half.h conversions, exact).
-template <typename T>
-inline std::vector<float> widen(const T* data, size_t count) {
-  std::vector<float> v(count);
-  const auto* src = core_ptr(data);
-  for (size_t i = 0; i < count; ++i) v[i] = core::load(src[i]);
-  return v;
-}
-
 // The whole node for storage type T, the checked params p (use_mask: msk not null):
 // float / double directly; float16 / bfloat16 computed in float32 (like the torch
 // CPU kernel) and rounded once. bias has p.out_channels values.
@@ -66,11 +57,11 @@ inline void deform_conv2d_run(OrtKernelContext* ctx, const core::DeformConv2dPar
   } else {
     // float16 / bfloat16: computed in float32 (like the torch CPU kernel), rounded once.
     const int64_t offset_numel = p.batch * 2 * p.offset_groups * p.taps() * P;
-    const std::vector<float> x = widen(input, static_cast<size_t>(p.batch * p.in_channels * p.in_pixels()));
-    const std::vector<float> w = widen(weight, static_cast<size_t>(p.out_channels * p.in_channels_per_group() * p.taps()));
-    const std::vector<float> off = widen(offset, static_cast<size_t>(offset_numel));
-    const std::vector<float> b = widen(bias, static_cast<size_t>(p.out_channels));
-    const std::vector<float> m = mask ? widen(mask, static_cast<size_t>(offset_numel / 2)) : std::vector<float>();
+    const std::vector<float> x = widened(ctx, input, static_cast<size_t>(p.batch * p.in_channels * p.in_pixels()));
+    const std::vector<float> w = widened(ctx, weight, static_cast<size_t>(p.out_channels * p.in_channels_per_group() * p.taps()));
+    const std::vector<float> off = widened(ctx, offset, static_cast<size_t>(offset_numel));
+    const std::vector<float> b = widened(ctx, bias, static_cast<size_t>(p.out_channels));
+    const std::vector<float> m = mask ? widened(ctx, mask, static_cast<size_t>(offset_numel / 2)) : std::vector<float>();
     std::vector<float> y(static_cast<size_t>(p.batch * p.out_channels * P));
     deform_conv2d_cpu<float>(ctx, p, x.data(), w.data(), off.data(), mask ? m.data() : nullptr, b.data(), y.data());
     auto* dst = core_ptr(out);

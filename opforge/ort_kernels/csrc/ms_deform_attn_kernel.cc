@@ -41,20 +41,6 @@ Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::
 
 namespace {
 
-// Elements per task of the 16-bit <-> float32 conversions.
-constexpr int64_t kConvertGrain = int64_t(1) << 16;
-
-// 16-bit storage -> float32 copy (core/half.h conversions, exact), in parallel.
-template <typename T>
-std::vector<float> widen(OrtKernelContext* ctx, const T* data, size_t count) {
-  std::vector<float> v(count);
-  const auto* src = core_ptr(data);
-  parallel_for(ctx, static_cast<int64_t>(count), kConvertGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) v[i] = core::load(src[i]);
-  });
-  return v;
-}
-
 template <typename T>
 struct MsDeformAttnKernel {
   int64_t im2col_step;
@@ -88,7 +74,7 @@ struct MsDeformAttnKernel {
         core::ms_deform_attn_forward(p, v, shapes, starts, loc, attn, out, begin, end);
       });
     } else {
-      const auto f = [&](const Ort::Custom::Tensor<T>& t) { return widen(ctx, t.Data(), t.NumberOfElement()); };
+      const auto f = [&](const Ort::Custom::Tensor<T>& t) { return widened(ctx, t.Data(), t.NumberOfElement()); };
       const std::vector<float> v = f(value), loc = f(sampling_locations), attn = f(attention_weights);
       std::vector<float> y(static_cast<size_t>(items * out_dims[2]));
       parallel_for(ctx, items, grain, [&](int64_t begin, int64_t end) {
@@ -96,7 +82,7 @@ struct MsDeformAttnKernel {
       });
       auto* dst = core_ptr(out);
       using Core = std::remove_pointer_t<decltype(dst)>;
-      parallel_for(ctx, static_cast<int64_t>(y.size()), kConvertGrain, [&](int64_t begin, int64_t end) {
+      parallel_for(ctx, static_cast<int64_t>(y.size()), kWidenGrain, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) dst[i] = core::store<Core>(y[i]);
       });
     }

@@ -36,6 +36,20 @@ std::vector<compute_t<T>> widened(const T* data, size_t count) {
   return out;
 }
 
+// Elements per task of the parallel conversions.
+inline constexpr int64_t kWidenGrain = int64_t(1) << 16;
+
+// The same for large tensors, in parallel on ORT's intra-op pool.
+template <typename T>
+std::vector<compute_t<T>> widened(OrtKernelContext* ctx, const T* data, size_t count) {
+  std::vector<compute_t<T>> out(count);
+  const auto* src = core_ptr(data);
+  parallel_for(ctx, static_cast<int64_t>(count), kWidenGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = static_cast<compute_t<T>>(core::load(src[i]));
+  });
+  return out;
+}
+
 // my_add's node check (kernel creation) and shape checks + broadcasting plan (CPU and CUDA kernels).
 void check_my_add_node(const OrtKernelInfo* info);
 Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,

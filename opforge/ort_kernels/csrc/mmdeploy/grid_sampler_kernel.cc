@@ -14,26 +14,13 @@
 #include <vector>
 
 #include "grid_sampler.h"
+#include "ort_common.h"
 
 namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
 namespace {
-
-constexpr const char* kOp = core::kGridSampleOp;  // "mmdeploy::grid_sampler"
-// Elements per task of the 16-bit widening.
-constexpr int64_t kGridSampleConvertGrain = int64_t(1) << 16;
-
-// src[0:count] widened to float, in parallel.
-template <typename S>
-std::vector<float> widen_parallel(OrtKernelContext* ctx, const S* src, int64_t count) {
-  std::vector<float> out(static_cast<size_t>(count));
-  parallel_for(ctx, count, kGridSampleConvertGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = core::load(src[i]);
-  });
-  return out;
-}
 
 template <typename T>
 struct GridSamplerKernel : GridSamplerAttrs {
@@ -57,8 +44,8 @@ struct GridSamplerKernel : GridSamplerAttrs {
         core::grid_sample_forward<Core, Core>(p, work, x, g, dst, begin, end);
       });
     } else {
-      const std::vector<float> x = widen_parallel(ctx, core_ptr(input.Data()), p.batch * p.channels * p.in_plane());
-      const std::vector<float> g = widen_parallel(ctx, core_ptr(grid.Data()), p.batch * p.out_plane() * 2);
+      const std::vector<float> x = widened(ctx, input.Data(), static_cast<size_t>(p.batch * p.channels * p.in_plane()));
+      const std::vector<float> g = widened(ctx, grid.Data(), static_cast<size_t>(p.batch * p.out_plane() * 2));
       parallel_for(ctx, work.items, 1, [&](int64_t begin, int64_t end) {
         core::grid_sample_forward<float, Core>(p, work, x.data(), g.data(), dst, begin, end);
       });

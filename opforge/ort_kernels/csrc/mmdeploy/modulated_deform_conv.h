@@ -73,22 +73,8 @@ struct ModulatedDeformConvAttrs {
   }
 };
 
-// The shapes checked (core::deform_conv2d_check with the node's attributes) into p;
-// bias_shape is null without a bias (torchvision's zeros of [O] then).
-inline Ort::Status check_modulated_deform_conv(const ModulatedDeformConvAttrs& a, const std::vector<int64_t>& xs,
-                                              const std::vector<int64_t>& os, const std::vector<int64_t>& ms,
-                                              const std::vector<int64_t>& ws, const std::vector<int64_t>* bias_shape,
-                                              core::DeformConv2dParams& p) {
-  const int64_t out_channels = ws.empty() ? 0 : ws[0];
-  const std::vector<int64_t> bs = bias_shape ? *bias_shape : std::vector<int64_t>{out_channels};
-  const std::string err = core::deform_conv2d_check(
-      xs.data(), static_cast<int>(xs.size()), ws.data(), static_cast<int>(ws.size()), os.data(),
-      static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()), bs.data(), static_cast<int>(bs.size()),
-      a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, a.deform_groups, /*use_mask=*/true, p);
-  return err.empty() ? Ort::Status(nullptr) : invalid_argument(in_mmdeploy_words(err));
-}
-
-// The node's tensors checked into p; *bias_data: the bias, or null for a node without one.
+// The node's tensors checked (core::deform_conv2d_check with the node's attributes) into p;
+// *bias_data: the bias, or null for a node without one (torchvision's zeros of [O] then).
 template <typename T>
 Ort::Status check_modulated_deform_conv_inputs(const ModulatedDeformConvAttrs& a, const Ort::Custom::Tensor<T>& input,
                                                const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
@@ -96,10 +82,14 @@ Ort::Status check_modulated_deform_conv_inputs(const ModulatedDeformConvAttrs& a
                                                std::optional<const Ort::Custom::Tensor<T>*> bias,
                                                core::DeformConv2dParams& p, const T** bias_data) {
   const bool has_bias = a.with_bias && bias.has_value() && *bias != nullptr;
-  const std::vector<int64_t> bias_shape = has_bias ? (*bias)->Shape() : std::vector<int64_t>{};
+  const std::vector<int64_t> xs = input.Shape(), os = offset.Shape(), ms = mask.Shape(), ws = weight.Shape();
+  const std::vector<int64_t> bs = has_bias ? (*bias)->Shape() : std::vector<int64_t>{ws.empty() ? 0 : ws[0]};
   *bias_data = has_bias ? (*bias)->Data() : nullptr;
-  return check_modulated_deform_conv(a, input.Shape(), offset.Shape(), mask.Shape(), weight.Shape(),
-                                     has_bias ? &bias_shape : nullptr, p);
+  const std::string err = core::deform_conv2d_check(
+      xs.data(), static_cast<int>(xs.size()), ws.data(), static_cast<int>(ws.size()), os.data(),
+      static_cast<int>(os.size()), ms.data(), static_cast<int>(ms.size()), bs.data(), static_cast<int>(bs.size()),
+      a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, a.deform_groups, /*use_mask=*/true, p);
+  return err.empty() ? Ort::Status(nullptr) : invalid_argument(in_mmdeploy_words(err));
 }
 
 }  // namespace mmdeploy
