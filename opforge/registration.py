@@ -153,6 +153,34 @@ def register_op(spec: OpSpec, *, extension: Optional[ModuleType] = None) -> torc
     return op
 
 
+def autograd_function(spec: OpSpec, name: str, doc: str, *, module: Optional[str] = None) -> type:
+    """The classic ``torch.autograd.Function`` of a registered op, ``Name.apply(*args)`` in the op's
+    schema order (the flow of TorchScript-era code): ``forward`` calls the op, ``setup_context`` and
+    ``backward`` are the spec's, ``symbolic`` is the spec's TorchScript rule. Built from the spec, so
+    it restates none of it. ``module``: the ``__module__`` it reports (the defining module)."""
+    from .symbolics import torchscript
+
+    op = torch_op(spec)
+    rule = torchscript.symbolic(spec)
+
+    def forward(*args):
+        return op(*args)
+
+    def setup_context(ctx, inputs, output):
+        spec.setup_context(ctx, inputs, output)
+
+    def backward(ctx, *grads):
+        return spec.backward(ctx, *grads)
+
+    def symbolic(g, *args):
+        return rule(g, *args)
+
+    body = {"__doc__": doc, "__module__": module or __name__, "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context), "backward": staticmethod(backward),
+            "symbolic": staticmethod(symbolic)}
+    return type(name, (torch.autograd.Function,), body)
+
+
 def library_ops(namespace: str) -> list[str]:
     """Every op declared in the torch library ``namespace`` (``["ns::a", "ns::b"]``)."""
     prefix = f"{namespace}::"

@@ -47,14 +47,17 @@ class ShapeRule:
     """The shape rule of one op, registered by its torch extension as ``qualname``
     (``"my_ops::_my_op_output_shapes"``): one ``SymInt[]`` (``SymInt[]?`` for an optional tensor)
     per tensor input, then the attributes, all in the op's schema order, named as the op names them.
+    ``error``: the exception class a refused call raises (e.g. :class:`opforge.OpInputError`, as
+    opforge's own ops do); by default the kernel's own (a ValueError).
     """
 
-    def __init__(self, qualname: str):
+    def __init__(self, qualname: str, *, error: Optional[type] = None):
         namespace, sep, name = qualname.partition("::")
         if not sep or not namespace or not name:
             raise ValueError(f"ShapeRule: {qualname!r} is not a qualified op name (namespace::name)")
         self.qualname = qualname
         self._namespace, self._name = namespace, name
+        self._error = error
 
     @functools.cached_property
     def _op(self):
@@ -90,14 +93,19 @@ class ShapeRule:
     def __call__(self, *shapes_and_attrs) -> list:
         """The outputs' shapes (lists of ints or SymInts) from the op's arguments in schema order, each
         tensor replaced by its shape (``x.shape``; None for an absent optional tensor). A rule error
-        raises as the kernel raises it (ValueError, "<op>: <message>")."""
+        raises as the kernel raises it (ValueError, "<op>: <message>"), or as ``error``."""
         from torch.utils._python_dispatch import _disable_current_modes
 
         values = [None if v is None else list(v) if isinstance(v, (torch.Size, tuple)) else v
                   for v in shapes_and_attrs]
         # A computation on sizes, not tensor work: outside any dispatch mode (fake, functionalisation).
         with _disable_current_modes():
-            return _unflatten(self._op(*values))
+            try:
+                return _unflatten(self._op(*values))
+            except ValueError as exc:
+                if self._error is None or isinstance(exc, self._error):
+                    raise
+                raise self._error(str(exc)) from None
 
     def onnx_output_shapes(self, shapes: list, attrs: dict) -> Optional[list]:
         """``OpSpec.onnx_output_shapes``: the outputs' shapes from the tensor inputs' ONNX shapes (dims

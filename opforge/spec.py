@@ -331,29 +331,6 @@ class OpSpec:
         return inputs, attrs
 
 
-Dim = Union[int, str, None]
-
-
-def broadcast_dims(*shapes: Optional[list]) -> Optional[list]:
-    """Numpy broadcasting over possibly symbolic dims (for ONNX shape inference)."""
-    if any(s is None for s in shapes):
-        return None
-    rank = max((len(s) for s in shapes), default=0)
-    out: list = []
-    for i in range(rank):
-        dims = [s[i - (rank - len(s))] for s in shapes if i - (rank - len(s)) >= 0]
-        known = [d for d in dims if d != 1]
-        if not known:
-            out.append(1)
-        elif len(set(known)) == 1:
-            out.append(known[0])
-        else:
-            ints = {d for d in known if isinstance(d, int)}
-            # One concrete size > 1 fixes the dim (a symbol must equal it or be 1).
-            out.append(ints.pop() if len(ints) == 1 else None)
-    return out
-
-
 #: Every registered op (built-in or not) by ``domain::name``, in registration order.
 #: Filled by :func:`opforge.register_op`.
 REGISTRY: dict[str, OpSpec] = {}

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from .ops import _registry
-from .ops.deform_conv2d import _compatible_bias, _output_shape, deform_conv2d
+from .ops.deform_conv2d import _compatible_bias, _shape_rule, deform_conv2d
 from .registration import OpInputError, as_input_error
 
 _OP = "opforge::deform_conv2d"
@@ -62,9 +62,8 @@ def _forward_kernel(input, weight, offset, mask, bias, stride_h, stride_w, pad_h
         if not use_mask:  # shapes first (the op's own), then dtypes: torchvision's order
             _check_unused_mask_shape(input, mask)
             # (the bias is checked by torchvision's looser rule in _compatible_bias)
-            _output_shape(list(input.shape), list(weight.shape), list(offset.shape), list(mask.shape),
-                          [weight.shape[0]], stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-                          offset_groups, False)
+            _shape_rule(input.shape, weight.shape, offset.shape, mask.shape, [weight.shape[0]], stride_h, stride_w,
+                        pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups, False)
             _check_unused_mask_dtype(input, mask)
         bias_for_op, bias_after = _compatible_bias(bias, input, weight.shape[0])
         out = torch.ops.opforge.deform_conv2d(input, weight, offset, mask, bias_for_op, stride_h, stride_w, pad_h,

@@ -14,22 +14,6 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken instal
     ) from exc
 
 
-def run_shape_rule(helper: str, *args):
-    """Calls the kernels' shape rule ``torch.ops.opforge.<helper>`` (a ``_<op>_output_shape`` op:
-    the core's check on sizes alone) for a fake impl. It is a shape computation, not tensor work,
-    so it runs outside any dispatch mode (fake, functionalisation); its RuntimeError, the
-    kernel's words, is raised as :class:`opforge.OpInputError`."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    from ..registration import OpInputError
-
-    with _disable_current_modes():
-        try:
-            return getattr(torch.ops.opforge, helper)(*args)
-        except RuntimeError as e:  # OpInputError is a RuntimeError too
-            raise OpInputError(str(e)) from None
-
-
 class Untraced:
     """Suspends the TorchScript tracer: sizes read inside are plain ints, not traced values.
 

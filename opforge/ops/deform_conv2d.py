@@ -26,44 +26,26 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from .. import spec as _spec
 from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C, Untraced, run_shape_rule
+from ..shape_rule import ShapeRule
+from ._registry import _C, Untraced
 
 _INTS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
 
 
-def _out_size(size, pad, dil, k, stride):
-    """One output dimension, the kernel's rule (core::deform_conv2d_out_size) for
-    symbolic sizes: C++ integer division truncates toward zero, so a kernel up to
-    stride-1 wider than the padded input still gives one output (torchvision's)."""
-    span = size + 2 * pad - (dil * (k - 1) + 1)
-    return (span // stride if span >= 0 else -((-span) // stride)) + 1
-
-
-def _concrete(values) -> bool:
-    return all(type(v) is int for v in values)
+# The kernels' shape rule, core::deform_conv2d_output_shapes (every check of shapes and attributes,
+# and the output size), registered by the extension as opforge::_deform_conv2d_output_shapes: the
+# fake impl, ONNX shape inference and the torchvision patch call it, with symbolic sizes too.
+_shape_rule = ShapeRule("opforge::_deform_conv2d_output_shapes", error=OpInputError)
 
 
 def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
            offset_groups, use_mask):
-    """The kernel's argument checks for fake tensors, same exception types and words.
-
-    Shapes and attributes are checked by the kernel's own C++ rule
-    (core::deform_conv2d_check, through ``_deform_conv2d_output_shape``) whenever
-    the sizes are concrete, so fake and real accept, reject and size alike by
-    construction; symbolic sizes (dynamic shapes) get the same output formula. Then
-    dtypes, here, as the kernel does after its shape checks."""
+    """The kernel's argument checks for fake tensors, same exception types and words: shapes and
+    attributes by the kernel's own C++ rule, then dtypes, as the kernel does after its shape checks
+    (the kernel's and torchvision's order). Returns the output's shape."""
     op = "opforge::deform_conv2d: "
-    # shapes first, then dtypes: the kernel's (and torchvision's) order
-    ints = (stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups)
-    shapes = [list(t.shape) for t in (input, weight, offset, mask, bias)]
-    if _concrete([v for shape in shapes for v in shape] + list(ints)):
-        out_shape = tuple(_output_shape(*shapes, *ints, bool(use_mask)))
-    elif input.dim() != 4 or weight.dim() != 4:
-        raise OpInputError(f"{op}input and weight must be 4-D, got shapes {shapes[0]} and {shapes[1]}")
-    else:
-        n, _, h, w = input.shape
-        o, _, kh, kw = weight.shape
-        out_shape = n, o, _out_size(h, pad_h, dil_h, kh, stride_h), _out_size(w, pad_w, dil_w, kw, stride_w)
+    (out_shape,) = _shape_rule(input.shape, weight.shape, offset.shape, mask.shape, bias.shape, stride_h, stride_w,
+                               pad_h, pad_w, dil_h, dil_w, groups, offset_groups, bool(use_mask))
     if input.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         raise OpInputError(f"{op}input has dtype {input.dtype}; supported dtypes are float32, float64, float16 and "
                            "bfloat16")
@@ -77,14 +59,8 @@ def _check(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, 
     return out_shape
 
 
-def _output_shape(*args):
-    """The kernels' shape rule (core check), as the kernels apply it."""
-    return run_shape_rule("_deform_conv2d_output_shape", *args)
-
-
 def _fake(input, weight, offset, mask, bias, *ints_and_mask):
-    n, o, oh, ow = _check(input, weight, offset, mask, bias, *ints_and_mask)
-    return input.new_empty((n, o, oh, ow))
+    return input.new_empty(_check(input, weight, offset, mask, bias, *ints_and_mask))
 
 
 def _setup_context(ctx, inputs, output):
@@ -113,7 +89,7 @@ def _reference(input, weight, offset, mask, bias, *, stride_h, stride_w, pad_h, 
     """Independent numpy implementation (for onnx.reference): explicit bilinear sampling + matmul."""
     n, c, h, w = input.shape
     o, cg, kh, kw = weight.shape
-    oh, ow = _out_size(h, pad_h, dilation_h, kh, stride_h), _out_size(w, pad_w, dilation_w, kw, stride_w)
+    oh, ow = offset.shape[2:]  # (N, 2*offset_groups*kh*kw, oh, ow): the node's checks hold the output size
     cpg = c // offset_groups
     ys = (np.arange(oh) * stride_h - pad_h)[:, None]
     xs = (np.arange(ow) * stride_w - pad_w)[None, :]
@@ -147,30 +123,6 @@ def _reference(input, weight, offset, mask, bias, *, stride_h, stride_w, pad_h, 
     return (out.astype(input.dtype),)
 
 
-def _output_shapes(shapes, attrs):
-    """ONNX shape inference: the kernel's rule (via _output_shape) when every size
-    is known, so an invalid node infers no shape rather than a wrong one; per
-    dimension otherwise."""
-    x, w = shapes[0], shapes[1]
-    if x is None or w is None or len(x) != 4 or len(w) != 4:
-        return [None]
-    ints = [attrs[n] for n in _INTS]
-    if all(s is not None and _concrete(s) for s in shapes) and _concrete(ints):
-        try:
-            return [list(_output_shape(*shapes, *ints, bool(attrs["use_mask"])))]
-        except OpInputError:
-            return [None]
-
-    def dim(size, pad, dil, k, stride):
-        if not (isinstance(size, int) and isinstance(k, int)) or k <= 0 or stride <= 0:
-            return None
-        out = _out_size(size, pad, dil, k, stride)
-        return out if out > 0 else None
-
-    return [[x[0], w[0], dim(x[2], attrs["pad_h"], attrs["dilation_h"], w[2], attrs["stride_h"]),
-             dim(x[3], attrs["pad_w"], attrs["dilation_w"], w[3], attrs["stride_w"])]]
-
-
 def _standard_torchscript(g, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
                           dilation_w, groups, offset_groups, use_mask):
     inputs = [input, weight, offset, bias] + ([mask] if use_mask else [])
@@ -190,7 +142,7 @@ def _standard_dynamo(input, weight, offset, mask, bias, stride_h, stride_w, pad_
 DEFORM_CONV2D = _spec.OpSpec(
     name="deform_conv2d",
     namespace=_spec.DOMAIN,
-    helper_ops=("_deform_conv2d_backward", "_deform_conv2d_output_shape"),
+    helper_ops=("_deform_conv2d_backward", "_deform_conv2d_output_shapes"),
     schema=(
         "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
         "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
@@ -211,7 +163,7 @@ DEFORM_CONV2D = _spec.OpSpec(
     setup_context=_setup_context,
     backward=_backward,
     reference=_reference,
-    onnx_output_shapes=_output_shapes,
+    onnx_output_shapes=_shape_rule.onnx_output_shapes,
     standard_torchscript=_standard_torchscript,
     standard_dynamo=_standard_dynamo,
     standard_from_opset=19,

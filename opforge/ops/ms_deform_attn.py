@@ -31,36 +31,25 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C, Untraced, run_shape_rule
+from ..registration import OpInputError, as_input_error, autograd_function, check_same_device, register_op
+from ..shape_rule import ShapeRule
+from ._registry import _C, Untraced
 
 _OP = "opforge::ms_deform_attn"
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _concrete(values) -> bool:
-    return all(type(v) is int for v in values)
-
-
-def _output_shape(*shapes_and_step):
-    """The kernels' shape rule (core check), as the kernels apply it."""
-    return run_shape_rule("_ms_deform_attn_output_shape", *shapes_and_step)
+# The kernels' shape rule, core::ms_deform_attn_output_shapes, registered by the extension as
+# opforge::_ms_deform_attn_output_shapes: the fake impl and ONNX shape inference call it.
+_shape_rule = ShapeRule("opforge::_ms_deform_attn_output_shapes", error=OpInputError)
 
 
 def _check(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):
-    """The kernel's checks that need no tensor values, for fake tensors: shapes through the
-    kernels' own C++ rule when the sizes are concrete (so fake and real accept alike), then
-    dtypes and devices. The checks of the index tensors' values (levels' sizes summing to S,
-    start indices) run in the kernels, which have the values."""
-    tensors = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-    shapes = [list(t.shape) for t in tensors]
-    if _concrete([d for s in shapes for d in s]) and type(im2col_step) is int:
-        out_shape = tuple(_output_shape(*shapes, im2col_step))
-    elif value.dim() != 4 or sampling_locations.dim() != 6:
-        raise OpInputError(f"{_OP}: value must be 4-D (N, S, M, D) and sampling_locations 6-D (N, Lq, M, L, P, 2), "
-                           f"got shapes {shapes[0]} and {shapes[3]}")
-    else:
-        out_shape = (value.shape[0], sampling_locations.shape[1], value.shape[2] * value.shape[3])
+    """The kernel's checks that need no tensor values, for fake tensors: shapes by the kernels' own
+    C++ rule, then dtypes and devices. The checks of the index tensors' values (levels' sizes summing
+    to S, start indices) run in the kernels, which have the values. Returns the output's shape."""
+    (out_shape,) = _shape_rule(value.shape, spatial_shapes.shape, level_start_index.shape, sampling_locations.shape,
+                               attention_weights.shape, im2col_step)
     if value.dtype not in _FLOATS:
         raise OpInputError(f"{_OP}: value has dtype {value.dtype}; supported dtypes are float32, float64, float16 and "
                            "bfloat16")
@@ -143,15 +132,6 @@ def _reference(value, spatial_shapes, level_start_index, sampling_locations, att
         sampled = _bilinear_zeros(level_map, loc[..., 0] * w - 0.5, loc[..., 1] * h - 0.5)
         out += np.einsum("nqmpd,nqmp->nqmd", sampled, attention_weights[:, :, :, level].astype(np.float64))
     return (out.reshape(n, lq, m * d).astype(value.dtype),)
-
-
-def _output_shapes(shapes, attrs):
-    """ONNX shape inference: (N, Lq, M*D) from value and sampling_locations."""
-    value, loc = shapes[0], shapes[3]
-    if value is None or loc is None or len(value) != 4 or len(loc) != 6:
-        return [None]
-    m, d = value[2], value[3]
-    return [[value[0], loc[1], m * d if isinstance(m, int) and isinstance(d, int) else None]]
 
 
 # ---- standard-ONNX lowering: one GridSample per level (opset >= 16) -----------------------------
@@ -253,7 +233,7 @@ def _standard_dynamo(value, spatial_shapes, level_start_index, sampling_location
 MS_DEFORM_ATTN = _spec.OpSpec(
     name="ms_deform_attn",
     namespace=_spec.DOMAIN,
-    helper_ops=("_ms_deform_attn_backward", "_ms_deform_attn_output_shape"),
+    helper_ops=("_ms_deform_attn_backward", "_ms_deform_attn_output_shapes"),
     schema=("ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
             "Tensor attention_weights, int im2col_step) -> Tensor"),
     args=(
@@ -270,7 +250,7 @@ MS_DEFORM_ATTN = _spec.OpSpec(
     setup_context=_setup_context,
     backward=_backward,
     reference=_reference,
-    onnx_output_shapes=_output_shapes,
+    onnx_output_shapes=_shape_rule.onnx_output_shapes,
     standard_torchscript=_standard_torchscript,
     standard_dynamo=_standard_dynamo,
     standard_min_opset=16,  # GridSample
@@ -292,31 +272,13 @@ def ms_deform_attn(value: torch.Tensor, spatial_shapes: torch.Tensor, level_star
         raise as_input_error(_OP, e) from None
 
 
-class MultiScaleDeformableAttnFunction(torch.autograd.Function):
-    """``MultiScaleDeformableAttnFunction.apply(value, spatial_shapes, level_start_index,
-    sampling_locations, attention_weights, im2col_step)``: mmcv's / Deformable DETR's
-    autograd.Function, backed by opforge's kernels, with an ONNX symbolic."""
-
-    @staticmethod
-    def forward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):
-        return ms_deform_attn_op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                                 im2col_step)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _backward(ctx, grad)
-
-    @staticmethod
-    def symbolic(g, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):
-        from ..symbolics import torchscript
-
-        return torchscript.symbolic(MS_DEFORM_ATTN)(g, value, spatial_shapes, level_start_index, sampling_locations,
-                                                     attention_weights, im2col_step)
-
+#: ``MultiScaleDeformableAttnFunction.apply(value, spatial_shapes, level_start_index, sampling_locations,
+#: attention_weights, im2col_step)``: mmcv's / Deformable DETR's autograd.Function, built from the spec.
+MultiScaleDeformableAttnFunction = autograd_function(
+    MS_DEFORM_ATTN, "MultiScaleDeformableAttnFunction",
+    "``MultiScaleDeformableAttnFunction.apply(value, spatial_shapes, level_start_index, sampling_locations, "
+    "attention_weights, im2col_step)``: mmcv's / Deformable DETR's autograd.Function, backed by opforge's kernels, "
+    "with an ONNX symbolic.", module=__name__)
 
 #: The Deformable DETR repository's name for the same Function.
 MSDeformAttnFunction = MultiScaleDeformableAttnFunction

@@ -16,14 +16,19 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ..registration import check_same_device, register_op
+from ..registration import OpInputError, autograd_function, check_same_device, register_op
+from ..shape_rule import ShapeRule
 from ._registry import _C
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+# The kernels' shape rule, core::my_add_output_shapes (broadcasting, at most 16 dims), registered by
+# the extension as opforge::_my_add_output_shapes: the fake impl and ONNX shape inference call it.
+_shape_rule = ShapeRule("opforge::_my_add_output_shapes", error=OpInputError)
 
-def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> list:
-    """The checks the C++ kernel makes, for the fake impl (same exception types and text)."""
+
+def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The kernels' dtype and device checks (same exception types and words), then the shape rule."""
     if a.dtype != b.dtype:
         raise TypeError(f"opforge::my_add: a and b must have the same dtype, got a: {a.dtype} and b: {b.dtype}")
     if a.dtype not in _SUPPORTED:
@@ -31,16 +36,7 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> list:
             f"opforge::my_add: a has dtype {a.dtype}; supported dtypes are float16, bfloat16, float32 and float64"
         )
     check_same_device("opforge::my_add", a=a, b=b)
-    try:
-        return list(torch.broadcast_shapes(a.shape, b.shape))
-    except RuntimeError:
-        raise ValueError(
-            f"opforge::my_add: shapes of a {list(a.shape)} and b {list(b.shape)} are not broadcastable"
-        ) from None
-
-
-def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a.new_empty(_check_inputs(a, b))
+    return a.new_empty(_shape_rule(a.shape, b.shape)[0])
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -91,13 +87,14 @@ MY_ADD = _spec.OpSpec(
     namespace=_spec.DOMAIN,
     schema="my_add(Tensor a, Tensor b) -> Tensor",
     args=(_spec.TensorArg("a", "A", "first operand, scaled by 2"), _spec.TensorArg("b", "B", "second operand")),
+    helper_ops=("_my_add_output_shapes",),
     outputs=("C",),
     doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
     fake=_fake,
     setup_context=_setup_context,
     backward=_backward,
     reference=_reference,
-    onnx_output_shapes=lambda shapes, attrs: [_spec.broadcast_dims(*shapes)],
+    onnx_output_shapes=_shape_rule.onnx_output_shapes,
     standard_torchscript=_standard_torchscript,
     standard_dynamo=_standard_dynamo,
 )
@@ -110,26 +107,10 @@ def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return my_add_op(a, b)
 
 
-class MyAddFunction(torch.autograd.Function):
-    """``MyAddFunction.apply(a, b)``: my_add as an autograd.Function with an ONNX symbolic."""
-
-    @staticmethod
-    def forward(a, b):
-        return my_add_op(a, b)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _backward(ctx, grad)
-
-    @staticmethod
-    def symbolic(g, a, b):
-        from ..symbolics import torchscript
-
-        return torchscript.symbolic(MY_ADD)(g, a, b)
+#: ``MyAddFunction.apply(a, b)``: the op as a ``torch.autograd.Function`` with an ONNX ``symbolic``
+#: (the TorchScript-era tutorials' form), built from the spec.
+MyAddFunction = autograd_function(MY_ADD, "MyAddFunction", "``MyAddFunction.apply(a, b)``: my_add as an "
+                                  "autograd.Function with an ONNX symbolic.", module=__name__)
 
 
 class MyAdd(torch.nn.Module):

@@ -36,30 +36,23 @@ import torch
 
 from .. import spec as _spec
 from ..registration import OpInputError, as_input_error, check_same_device, register_op
-from ._registry import _C, run_shape_rule
+from ..shape_rule import ShapeRule
+from ._registry import _C
 
 _OP = "opforge::roi_align_rotated"
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _output_shape(*shapes_and_attrs):
-    """The kernels' shape rule (core check), as the kernels apply it."""
-    return run_shape_rule("_roi_align_rotated_output_shape", *shapes_and_attrs)
+# The kernels' shape rule, core::roi_align_rotated_output_shapes, registered by the extension as
+# opforge::_roi_align_rotated_output_shapes: the fake impl and ONNX shape inference call it.
+_shape_rule = ShapeRule("opforge::_roi_align_rotated_output_shapes", error=OpInputError)
 
 
 def _fake(input, rois, output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise):
-    """The kernels' checks that need no tensor values: shapes and attributes through the C++ rule
-    when the sizes are concrete (fake and real accept alike), then dtypes and devices. The rois'
-    values are checked by the kernels, which have them."""
-    attrs = (output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise)
-    dims = list(input.shape) + list(rois.shape)
-    if all(type(d) is int for d in dims):
-        shape = tuple(_output_shape(list(input.shape), list(rois.shape), *attrs))
-    elif input.dim() != 4 or rois.dim() != 2:
-        raise OpInputError(f"{_OP}: input must be 4-D (N, C, H, W) and rois 2-D (K, 6), got shapes "
-                           f"{list(input.shape)} and {list(rois.shape)}")
-    else:
-        shape = (rois.shape[0], input.shape[1], output_height, output_width)
+    """The kernels' checks that need no tensor values: shapes and attributes by the C++ rule, then
+    dtypes and devices. The rois' values are checked by the kernels, which have them."""
+    (shape,) = _shape_rule(input.shape, rois.shape, output_height, output_width, spatial_scale, sampling_ratio,
+                           aligned, clockwise)
     if input.dtype not in _FLOATS:
         raise OpInputError(f"{_OP}: input has dtype {input.dtype}; supported dtypes are float32, float64, float16 "
                            "and bfloat16")
@@ -151,18 +144,10 @@ def _reference(input, rois, *, output_height, output_width, spatial_scale, sampl
     return (out.astype(input.dtype),)
 
 
-def _output_shapes(shapes, attrs):
-    """ONNX shape inference: (K, C, output_height, output_width)."""
-    input, rois = shapes[0], shapes[1]
-    k = rois[0] if rois is not None and len(rois) == 2 else None
-    c = input[1] if input is not None and len(input) == 4 else None
-    return [[k, c, attrs.get("output_height"), attrs.get("output_width")]]
-
-
 ROI_ALIGN_ROTATED = _spec.OpSpec(
     name="roi_align_rotated",
     namespace=_spec.DOMAIN,
-    helper_ops=("_roi_align_rotated_backward", "_roi_align_rotated_output_shape"),
+    helper_ops=("_roi_align_rotated_backward", "_roi_align_rotated_output_shapes"),
     schema=("roi_align_rotated(Tensor input, Tensor rois, int output_height, int output_width, float spatial_scale, "
             "int sampling_ratio, bool aligned, bool clockwise) -> Tensor"),
     args=(
@@ -181,7 +166,7 @@ ROI_ALIGN_ROTATED = _spec.OpSpec(
     setup_context=_setup_context,
     backward=_backward,
     reference=_reference,
-    onnx_output_shapes=_output_shapes,
+    onnx_output_shapes=_shape_rule.onnx_output_shapes,
 )
 
 roi_align_rotated_op = register_op(ROI_ALIGN_ROTATED, extension=_C)

@@ -17,20 +17,6 @@ namespace core {
 
 constexpr int kMaxDims = 16;
 
-// Broadcasts shape a (rank na) with shape b (rank nb) into out (rank max(na, nb)).
-// Returns -1 on success, else the index in `out` of the first dimension whose
-// sizes are neither equal nor 1 (for the caller's error message).
-inline int broadcast_shapes(const int64_t* a, int na, const int64_t* b, int nb, int64_t* out) {
-  const int n = na > nb ? na : nb;
-  for (int i = 0; i < n; ++i) {
-    const int ia = i - (n - na), ib = i - (n - nb);
-    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    if (da != db && da != 1 && db != 1) return i;
-    out[i] = da == 1 ? db : da;
-  }
-  return -1;
-}
-
 // Element strides of a contiguous tensor of `shape` seen through broadcasting
 // to `out_shape` (rank n >= rank): stride 0 on broadcast dimensions.
 inline void broadcast_contiguous_strides(const int64_t* shape, int rank, const int64_t* out_shape, int n,

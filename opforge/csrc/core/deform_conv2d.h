@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,24 +32,17 @@
 #include "format.h"
 #include "gemm.h"
 #include "layout.h"
+#include "shape.h"
 
 namespace opforge {
 namespace core {
 
-
-// Shape arithmetic in int64 that reports overflow instead of wrapping: a
-// shape rule evaluated with wrapped products would accept absurd arguments
-// (offset_groups = 2^62+1 makes 2*offset_groups*kh*kw wrap to a small number)
-// and the kernel would then read out of bounds.
-inline bool mul_fits(int64_t a, int64_t b, int64_t* r) { return !__builtin_mul_overflow(a, b, r); }
-inline bool add_fits(int64_t a, int64_t b, int64_t* r) { return !__builtin_add_overflow(a, b, r); }
-
 // The output size of one spatial dimension, torchvision's rule: (size + 2*pad -
 // (dil*(k-1) + 1)) / stride + 1 with C++ division (truncates toward zero: a
 // kernel up to stride-1 wider than the padded input still gives one output).
-// The fake impl and ONNX shape inference use the same rule (deform_conv2d.py
-// calls this through torch.ops.opforge._deform_conv2d_output_shape). Returns
-// false when an intermediate overflows int64.
+// Returns false when an intermediate overflows int64 (a shape rule evaluated
+// with wrapped products would accept absurd arguments and the kernel would
+// then read out of bounds).
 inline bool deform_conv2d_out_size(int64_t size, int64_t pad, int64_t dil, int64_t k, int64_t stride, int64_t* out) {
   int64_t extent, pad2, span;
   if (!mul_fits(dil, k - 1, &extent) || !add_fits(extent, 1, &extent) || !mul_fits(2, pad, &pad2) ||
@@ -58,9 +52,28 @@ inline bool deform_conv2d_out_size(int64_t size, int64_t pad, int64_t dil, int64
   return true;
 }
 
+// The same for a Dim that may be symbolic. A symbolic size divides only a
+// non-negative numerator, where C++'s truncation and a symbolic size's floor
+// division agree.
+template <typename Dim>
+bool deform_conv2d_out_size(const Dim& size, int64_t pad, int64_t dil, const Dim& k, int64_t stride, Dim* out) {
+  const std::optional<int64_t> size_value = known(size), k_value = known(k);
+  if (size_value && k_value) {
+    int64_t value;
+    if (!deform_conv2d_out_size(*size_value, pad, dil, *k_value, stride, &value)) return false;
+    *out = Dim(value);
+    return true;
+  }
+  int64_t pad2;
+  if (!mul_fits(2, pad, &pad2)) return false;
+  const Dim extent = (k - 1) * dil + 1, span = size + pad2;
+  *out = span >= extent ? (span - extent) / stride + 1 : Dim(1) - (extent - span) / stride;
+  return true;
+}
+
 // The rules on the integer attributes alone: the ORT kernels apply them when
 // the node's kernel is created (a bad attribute fails the session), and
-// deform_conv2d_check repeats them for torch.
+// the shape rule repeats them for torch.
 inline std::string deform_conv2d_check_attrs(int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
                                              int64_t dil_h, int64_t dil_w, int64_t weight_groups,
                                              int64_t offset_groups) {
@@ -88,29 +101,122 @@ inline std::string shape_mismatch_phrase(const char* name, int dim) {
   return n + " output dims do not match the computed output dims";
 }
 
-// Checks every argument against torchvision's contract and fills p (incl.
-// out_h/out_w). Returns "" when valid, else a message naming op and argument;
-// every front end raises it (torch CPU/CUDA: Python exception, ORT CPU/CUDA:
-// error status). Shapes are given as (pointer, rank); mask_dims may be null
-// when !use_mask. bias is required ([O]; torch passes zeros for "no bias").
-// All arithmetic is overflow-checked, group counts are bounded by the channel
-// count (C = 0 would otherwise accept 2^62 groups, each an empty loop) and
-// every buffer size the kernels compute fits int64.
+// What deform_conv2d's shape rule reads (the schema's arguments, each tensor by
+// its shape). mask is read only when use_mask; an absent mask (ORT's omitted
+// input) is a Shape with present = false. bias is required ([O]; torch passes
+// zeros for "no bias").
+template <typename Dim>
+struct DeformConv2dShapes {
+  Shape<Dim> input, weight, offset, mask, bias;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1, offset_groups = 1;
+  bool use_mask = false;
+};
+
+// deform_conv2d's shape rule: checks every argument against torchvision's
+// contract and gives the output's shape [N, O, out_h, out_w] in `out`. Returns
+// "" when valid, else a message naming op and argument; every front end raises
+// it (torch CPU/CUDA and the fake impl: Python exception, ORT CPU/CUDA: error
+// status). All arithmetic on known sizes is overflow-checked, group counts are
+// bounded by the channel count (C = 0 would otherwise accept 2^62 groups, each
+// an empty loop) and every buffer size the kernels compute fits int64.
+template <typename Dim>
+std::string deform_conv2d_output_shapes(const DeformConv2dShapes<Dim>& in, std::vector<std::vector<Dim>>& out) {
+  const std::string op = "opforge::deform_conv2d: ";
+  if (in.input.rank() != 4) return message(op, "input must be 4-D [N, C, H, W], got shape ", in.input);
+  if (in.weight.rank() != 4) return message(op, "weight must be 4-D [O, C/groups, kh, kw], got shape ", in.weight);
+  if (in.offset.rank() != 4)
+    return message(op, "offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape ", in.offset);
+  if (std::string err = deform_conv2d_check_attrs(in.stride_h, in.stride_w, in.pad_h, in.pad_w, in.dil_h, in.dil_w,
+                                                  in.groups, in.offset_groups);
+      !err.empty())
+    return err;
+  const Dim &N = in.input[0], &C = in.input[1], &H = in.input[2], &W = in.input[3];
+  const Dim &O = in.weight[0], &kh = in.weight[2], &kw = in.weight[3];
+  const int64_t groups = in.groups, offset_groups = in.offset_groups;
+  if (kh <= 0 || kw <= 0) return message(op, "weight has an empty kernel, shape ", in.weight);
+  if (groups > 1 && C < groups) return message(op, "groups (", groups, ") exceeds the input channels (", C, ")");
+  if (offset_groups > 1 && C < offset_groups)
+    return message(op, "offset_groups (", offset_groups, ") exceeds the input channels (", C, ")");
+  if (C % groups != 0) return message(op, "groups (", groups, ") must divide input channels (", C, ")");
+  if (O % groups != 0)
+    return message(op, "groups (", groups, ") must divide output channels (weight.size(0) = ", O, ")");
+  const std::optional<int64_t> weight_c = known(in.weight[1]);
+  int64_t product;
+  if ((weight_c && !mul_fits(*weight_c, groups, &product)) || in.weight[1] * groups != C)
+    return message(op, "weight.size(1) * groups must equal input channels: ", in.weight[1], " * ", groups, " != ", C);
+  if (C % offset_groups != 0)
+    return message(op, "offset_groups (", offset_groups, ") must divide input channels (", C, ")");
+  Dim out_h = H, out_w = W;
+  if (!deform_conv2d_out_size(H, in.pad_h, in.dil_h, kh, in.stride_h, &out_h))
+    return message(op, "padding (", in.pad_h, "), dilation (", in.dil_h, ") or kernel height (", kh,
+                   ") too large: the padded height or the kernel extent overflows int64");
+  if (!deform_conv2d_out_size(W, in.pad_w, in.dil_w, kw, in.stride_w, &out_w))
+    return message(op, "padding (", in.pad_w, "), dilation (", in.dil_w, ") or kernel width (", kw,
+                   ") too large: the padded width or the kernel extent overflows int64");
+  if (out_h <= 0 || out_w <= 0)
+    return message(op, "output would be empty: input ", in.input, " with kernel (", kh, ", ", kw,
+                   "), padding, dilation and stride gives (", out_h, ", ", out_w, ")");
+  // The counts the kernels compute, where the sizes are numbers (always in the kernels).
+  if (const auto k = known_all(std::vector<Dim>{kh, kw}); k) {
+    int64_t taps, channels;
+    if (!mul_fits((*k)[0], (*k)[1], &taps) || !mul_fits(offset_groups, taps, &channels) ||
+        !mul_fits(2, channels, &channels))
+      return message(op, "2 * offset_groups * kh * kw overflows int64 (offset_groups = ", offset_groups, ", kernel ",
+                     kh, " x ", kw, ")");
+  }
+  if (const auto d = known_all(std::vector<Dim>{N, O, out_h, out_w, C, kh, kw}); d) {
+    const int64_t n = (*d)[0], o = (*d)[1], oh = (*d)[2], ow = (*d)[3], c = (*d)[4];
+    // the output, and the column buffer C*kh*kw x out_h*out_w, in bytes of any dtype (16 bounds them)
+    if (!numel_fits({n, o, oh, ow}, 16) || !numel_fits({c, (*d)[5], (*d)[6], oh, ow}, 16))
+      return message(op, "output [", n, ", ", o, ", ", oh, ", ", ow, "]",
+                     " or its column buffer (C*kh*kw x out_h*out_w) has more elements than int64 can count");
+  }
+  if (const auto hw = known_all(std::vector<Dim>{H, W}); hw) {
+    int64_t plane;
+    if (!mul_fits((*hw)[0], (*hw)[1], &plane) || plane > kDeformMaxPlanePixels)
+      return message(op, "input plane H x W = ", H, " x ", W, " exceeds the kernel's limit of ", kDeformMaxPlanePixels,
+                     " pixels (32-bit sample indices)");
+  }
+  const Dim mask_channels = kh * kw * offset_groups;
+  const Shape<Dim> want_offset{{N, mask_channels * 2, out_h, out_w}};
+  for (int i = 0; i < 4; ++i)
+    if (in.offset[i] != want_offset[i])
+      return message(op, shape_mismatch_phrase("offset", i), ": offset must have shape ", want_offset,
+                     " (N, 2*offset_groups*kh*kw, out_h, out_w), got ", in.offset);
+  if (in.use_mask) {
+    const Shape<Dim> want_mask{{N, mask_channels, out_h, out_w}};
+    if (!in.mask.present || in.mask.rank() != 4)
+      return message(op, "mask must be 4-D ", want_mask, " when use_mask is true, got shape ",
+                     in.mask.present ? in.mask : Shape<Dim>{});
+    for (int i = 0; i < 4; ++i)
+      if (in.mask[i] != want_mask[i])
+        return message(op, shape_mismatch_phrase("mask", i), ": mask must have shape ", want_mask,
+                       " (N, offset_groups*kh*kw, out_h, out_w), got ", in.mask);
+  }
+  if (!(in.bias.rank() == 1 && in.bias[0] == O)) return message(op, "bias must have shape [", O, "], got ", in.bias);
+  out = {{N, O, out_h, out_w}};
+  return "";
+}
+
+// The rule for the kernels, on (pointer, rank) shapes: fills p (incl. out_h /
+// out_w). mask may be null when !use_mask.
 inline std::string deform_conv2d_check(const int64_t* input, int input_rank, const int64_t* weight, int weight_rank,
                                        const int64_t* offset, int offset_rank, const int64_t* mask, int mask_rank,
                                        const int64_t* bias, int bias_rank, int64_t stride_h, int64_t stride_w,
                                        int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
                                        int64_t weight_groups, int64_t offset_groups, bool use_mask,
                                        DeformConv2dParams& p) {
-  const std::string op = "opforge::deform_conv2d: ";
-  const auto str = [](int64_t v) { return std::to_string(v); };
-  if (input_rank != 4) return op + "input must be 4-D [N, C, H, W], got shape " + dims_str(input, input_rank);
-  if (weight_rank != 4) return op + "weight must be 4-D [O, C/groups, kh, kw], got shape " + dims_str(weight, weight_rank);
-  if (offset_rank != 4) return op + "offset must be 4-D [N, 2*offset_groups*kh*kw, oh, ow], got shape " + dims_str(offset, offset_rank);
-  if (std::string err = deform_conv2d_check_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, weight_groups,
-                                                  offset_groups);
-      !err.empty())
-    return err;
+  DeformConv2dShapes<int64_t> in;
+  in.input = shape_of(input, input_rank);
+  in.weight = shape_of(weight, weight_rank);
+  in.offset = shape_of(offset, offset_rank);
+  in.mask = mask ? shape_of(mask, mask_rank) : Shape<int64_t>{{}, false};
+  in.bias = shape_of(bias, bias_rank);
+  in.stride_h = stride_h, in.stride_w = stride_w, in.pad_h = pad_h, in.pad_w = pad_w;
+  in.dil_h = dil_h, in.dil_w = dil_w, in.groups = weight_groups, in.offset_groups = offset_groups;
+  in.use_mask = use_mask;
+  std::vector<std::vector<int64_t>> out;
+  if (std::string err = deform_conv2d_output_shapes(in, out); !err.empty()) return err;
   p = DeformConv2dParams{};
   p.batch = input[0];
   p.in_channels = input[1];
@@ -119,6 +225,8 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   p.out_channels = weight[0];
   p.kernel_h = weight[2];
   p.kernel_w = weight[3];
+  p.out_h = out[0][2];
+  p.out_w = out[0][3];
   p.stride_h = stride_h;
   p.stride_w = stride_w;
   p.pad_h = pad_h;
@@ -128,63 +236,6 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   p.weight_groups = weight_groups;
   p.offset_groups = offset_groups;
   p.use_mask = use_mask;
-  const int64_t C = p.in_channels, O = p.out_channels;
-  if (p.kernel_h <= 0 || p.kernel_w <= 0) return op + "weight has an empty kernel, shape " + dims_str(weight, 4);
-  const int64_t max_groups = C > 0 ? C : 1;
-  if (weight_groups > max_groups)
-    return op + "groups (" + str(weight_groups) + ") exceeds the input channels (" + str(C) + ")";
-  if (offset_groups > max_groups)
-    return op + "offset_groups (" + str(offset_groups) + ") exceeds the input channels (" + str(C) + ")";
-  if (C % weight_groups != 0)
-    return op + "groups (" + str(weight_groups) + ") must divide input channels (" + str(C) + ")";
-  if (O % weight_groups != 0)
-    return op + "groups (" + str(weight_groups) + ") must divide output channels (weight.size(0) = " + str(O) + ")";
-  int64_t weight_channels;
-  if (!mul_fits(weight[1], weight_groups, &weight_channels) || weight_channels != C)
-    return op + "weight.size(1) * groups must equal input channels: " + str(weight[1]) + " * " + str(weight_groups) +
-           " != " + str(C);
-  if (C % offset_groups != 0)
-    return op + "offset_groups (" + str(offset_groups) + ") must divide input channels (" + str(C) + ")";
-  if (!deform_conv2d_out_size(p.in_h, pad_h, dil_h, p.kernel_h, stride_h, &p.out_h))
-    return op + "padding (" + str(pad_h) + "), dilation (" + str(dil_h) + ") or kernel height (" + str(p.kernel_h) +
-           ") too large: the padded height or the kernel extent overflows int64";
-  if (!deform_conv2d_out_size(p.in_w, pad_w, dil_w, p.kernel_w, stride_w, &p.out_w))
-    return op + "padding (" + str(pad_w) + "), dilation (" + str(dil_w) + ") or kernel width (" + str(p.kernel_w) +
-           ") too large: the padded width or the kernel extent overflows int64";
-  if (p.out_h <= 0 || p.out_w <= 0)
-    return op + "output would be empty: input " + dims_str(input, 4) + " with kernel (" + str(p.kernel_h) + ", " +
-           str(p.kernel_w) + "), padding, dilation and stride gives (" + str(p.out_h) + ", " + str(p.out_w) + ")";
-  int64_t taps, mask_channels, offset_channels, out_pixels, out_planes, out_numel, col_rows, col_numel, plane, bytes;
-  if (!mul_fits(p.kernel_h, p.kernel_w, &taps) || !mul_fits(offset_groups, taps, &mask_channels) ||
-      !mul_fits(2, mask_channels, &offset_channels))
-    return op + "2 * offset_groups * kh * kw overflows int64 (offset_groups = " + str(offset_groups) + ", kernel " +
-           str(p.kernel_h) + " x " + str(p.kernel_w) + ")";
-  if (!mul_fits(p.out_h, p.out_w, &out_pixels) || !mul_fits(p.batch, O, &out_planes) ||
-      !mul_fits(out_planes, out_pixels, &out_numel) ||
-      !mul_fits(C, taps, &col_rows) || !mul_fits(col_rows, out_pixels, &col_numel) ||
-      !mul_fits(out_numel, 16, &bytes) || !mul_fits(col_numel, 16, &bytes))  // byte sizes of any dtype, too
-    return op + "output [" + str(p.batch) + ", " + str(O) + ", " + str(p.out_h) + ", " + str(p.out_w) + "]" +
-           " or its column buffer (C*kh*kw x out_h*out_w) has more elements than int64 can count";
-  if (!mul_fits(p.in_h, p.in_w, &plane) || plane > kDeformMaxPlanePixels)
-    return op + "input plane H x W = " + str(p.in_h) + " x " + str(p.in_w) + " exceeds the kernel's limit of " +
-           str(kDeformMaxPlanePixels) + " pixels (32-bit sample indices)";
-  const int64_t want_offset[4] = {p.batch, offset_channels, p.out_h, p.out_w};
-  for (int i = 0; i < 4; ++i)
-    if (offset[i] != want_offset[i])
-      return op + shape_mismatch_phrase("offset", i) + ": offset must have shape " + dims_str(want_offset, 4) +
-             " (N, 2*offset_groups*kh*kw, out_h, out_w), got " + dims_str(offset, 4);
-  if (use_mask) {
-    const int64_t want_mask[4] = {p.batch, mask_channels, p.out_h, p.out_w};
-    if (mask == nullptr || mask_rank != 4)
-      return op + "mask must be 4-D " + dims_str(want_mask, 4) + " when use_mask is true, got shape " +
-             dims_str(mask, mask == nullptr ? 0 : mask_rank);
-    for (int i = 0; i < 4; ++i)
-      if (mask[i] != want_mask[i])
-        return op + shape_mismatch_phrase("mask", i) + ": mask must have shape " + dims_str(want_mask, 4) +
-               " (N, offset_groups*kh*kw, out_h, out_w), got " + dims_str(mask, 4);
-  }
-  if (!(bias_rank == 1 && bias[0] == O))
-    return op + "bias must have shape [" + str(O) + "], got " + dims_str(bias, bias_rank);
   return "";
 }
 

@@ -28,10 +28,12 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cpu_dispatch.h"
 #include "format.h"
 #include "ms_deform_attn_sample.h"
+#include "shape.h"
 
 namespace opforge {
 namespace core {
@@ -48,46 +50,94 @@ inline std::string ms_deform_attn_check_im2col_step(int64_t im2col_step) {
   return "";
 }
 
-// The rule on shapes alone: ranks, N / M / L / P agreement, the trailing 2 of
-// sampling_locations, spatial_shapes (L, 2), level_start_index (L,), at least
-// one level, im2col_step > 0, and every element count (and byte size in any
-// dtype) fits int64. Fills p. Returns "" when valid, else a message naming the
-// op and the argument. The fake impl (through _ms_deform_attn_output_shape)
-// and every kernel apply it, so they accept the same shapes.
+// What ms_deform_attn's shape rule reads: each tensor input's shape, and im2col_step.
+template <typename Dim>
+struct MsDeformAttnShapes {
+  Shape<Dim> value, spatial_shapes, level_start_index, sampling_locations, attention_weights;
+  int64_t im2col_step = 64;
+};
+
+// ms_deform_attn's shape rule, on shapes alone: ranks, N / M / L / P agreement,
+// the trailing 2 of sampling_locations, spatial_shapes (L, 2), level_start_index
+// (L,), at least one level, im2col_step > 0, and (for known sizes) every element
+// count and byte size in any dtype fits int64. Gives the output's shape
+// (N, Lq, M*D) in `out`. Returns "" when valid, else a message naming the op and
+// the argument. Every kernel and the fake impl (through
+// _ms_deform_attn_output_shapes) apply it, so they accept the same shapes.
+template <typename Dim>
+std::string ms_deform_attn_output_shapes(const MsDeformAttnShapes<Dim>& in, std::vector<std::vector<Dim>>& out) {
+  const std::string op = "opforge::ms_deform_attn: ";
+  const Shape<Dim>&value = in.value, &spatial_shapes = in.spatial_shapes, &level_start_index = in.level_start_index,
+        &loc = in.sampling_locations, &attn = in.attention_weights;
+  if (value.rank() != 4) return message(op, "value must be 4-D (N, S, M, D), got shape ", value);
+  if (spatial_shapes.rank() != 2)
+    return message(op, "spatial_shapes must be 2-D (L, 2), one (H, W) row per level, got shape ", spatial_shapes);
+  if (level_start_index.rank() != 1)
+    return message(op, "level_start_index must be 1-D (L,), got shape ", level_start_index);
+  if (loc.rank() != 6) return message(op, "sampling_locations must be 6-D (N, Lq, M, L, P, 2), got shape ", loc);
+  if (attn.rank() != 5) return message(op, "attention_weights must be 5-D (N, Lq, M, L, P), got shape ", attn);
+  const std::pair<const char*, const Shape<Dim>*> tensors[] = {{"value", &value},
+                                                               {"spatial_shapes", &spatial_shapes},
+                                                               {"level_start_index", &level_start_index},
+                                                               {"sampling_locations", &loc},
+                                                               {"attention_weights", &attn}};
+  for (const auto& [name, shape] : tensors)
+    for (int i = 0; i < shape->rank(); ++i)
+      if ((*shape)[i] < 0) return message(op, name, " has a negative size: shape ", *shape);
+  if (std::string err = ms_deform_attn_check_im2col_step(in.im2col_step); !err.empty()) return err;
+  const Dim &batch = value[0], &heads = value[2], &channels = value[3], &levels = spatial_shapes[0];
+  if (spatial_shapes[1] != 2)
+    return message(op, "spatial_shapes must be (L, 2), one (H, W) row per level, got shape ", spatial_shapes);
+  // No levels: nothing to attend to. Refused rather than answered with zeros:
+  // a model without feature levels is a bug, and the level checks need one.
+  if (levels == 0) return message(op, "needs at least one level: spatial_shapes has shape ", spatial_shapes);
+  if (level_start_index[0] != levels)
+    return message(op, "level_start_index has ", level_start_index[0], " entries but spatial_shapes has ", levels,
+                   " levels (rows)");
+  if (loc[0] != batch)
+    return message(op, "sampling_locations has N = ", loc[0], " (dim 0) but value has N = ", batch, " (dim 0)");
+  if (loc[2] != heads)
+    return message(op, "sampling_locations has M = ", loc[2], " heads (dim 2) but value has M = ", heads, " (dim 2)");
+  if (loc[3] != levels)
+    return message(op, "sampling_locations has L = ", loc[3], " levels (dim 3) but spatial_shapes has ", levels,
+                   " rows");
+  if (loc[5] != 2) return message(op, "sampling_locations must end in a dim of size 2 (x, y), got shape ", loc);
+  static const char* const dim_names[5] = {"N", "Lq", "M", "L", "P"};
+  for (int i = 0; i < 5; ++i)
+    if (attn[i] != loc[i])
+      return message(op, "attention_weights has ", dim_names[i], " = ", attn[i], " (dim ", i,
+                     ") but sampling_locations has ", loc[i], ": attention_weights must be (N, Lq, M, L, P) = ",
+                     Shape<Dim>{{loc.dims.begin(), loc.dims.begin() + 5}}, ", got ", attn);
+  // Element counts, and byte counts in any dtype (16 bytes bounds all of them),
+  // of known sizes. M*D on its own too: it is the output's last dim even when N
+  // or Lq is 0.
+  const auto v = known_all(value.dims), l = known_all(loc.dims);
+  if (v && l) {
+    int64_t out_row;
+    if (!mul_fits((*v)[2], (*v)[3], &out_row) || !numel_fits(*v, 16) || !numel_fits(*l, 16) ||
+        !numel_fits({(*v)[0], (*l)[1], (*v)[2], (*v)[3]}, 16))
+      return message(op, "value ", value, ", sampling_locations ", loc,
+                     " or the output (N, Lq, M*D) has more elements than int64 can count");
+  }
+  out = {{batch, loc[1], heads * channels}};
+  return "";
+}
+
+// The rule for the kernels, on (pointer, rank) shapes: fills p.
 inline std::string ms_deform_attn_check(const int64_t* value, int value_rank, const int64_t* spatial_shapes,
                                         int spatial_shapes_rank, const int64_t* level_start_index,
                                         int level_start_index_rank, const int64_t* sampling_locations,
                                         int sampling_locations_rank, const int64_t* attention_weights,
                                         int attention_weights_rank, int64_t im2col_step, MsDeformAttnParams& p) {
-  const std::string op = "opforge::ms_deform_attn: ";
-  const auto str = [](int64_t v) { return std::to_string(v); };
-  if (value_rank != 4) return op + "value must be 4-D (N, S, M, D), got shape " + dims_str(value, value_rank);
-  if (spatial_shapes_rank != 2)
-    return op + "spatial_shapes must be 2-D (L, 2), one (H, W) row per level, got shape " +
-           dims_str(spatial_shapes, spatial_shapes_rank);
-  if (level_start_index_rank != 1)
-    return op + "level_start_index must be 1-D (L,), got shape " +
-           dims_str(level_start_index, level_start_index_rank);
-  if (sampling_locations_rank != 6)
-    return op + "sampling_locations must be 6-D (N, Lq, M, L, P, 2), got shape " +
-           dims_str(sampling_locations, sampling_locations_rank);
-  if (attention_weights_rank != 5)
-    return op + "attention_weights must be 5-D (N, Lq, M, L, P), got shape " +
-           dims_str(attention_weights, attention_weights_rank);
-  const struct {
-    const char* name;
-    const int64_t* dims;
-    int rank;
-  } tensors[] = {{"value", value, value_rank},
-                 {"spatial_shapes", spatial_shapes, spatial_shapes_rank},
-                 {"level_start_index", level_start_index, level_start_index_rank},
-                 {"sampling_locations", sampling_locations, sampling_locations_rank},
-                 {"attention_weights", attention_weights, attention_weights_rank}};
-  for (const auto& t : tensors)
-    for (int i = 0; i < t.rank; ++i)
-      if (t.dims[i] < 0) return op + t.name + " has a negative size: shape " + dims_str(t.dims, t.rank);
-  if (std::string err = ms_deform_attn_check_im2col_step(im2col_step); !err.empty()) return err;
-
+  MsDeformAttnShapes<int64_t> in;
+  in.value = shape_of(value, value_rank);
+  in.spatial_shapes = shape_of(spatial_shapes, spatial_shapes_rank);
+  in.level_start_index = shape_of(level_start_index, level_start_index_rank);
+  in.sampling_locations = shape_of(sampling_locations, sampling_locations_rank);
+  in.attention_weights = shape_of(attention_weights, attention_weights_rank);
+  in.im2col_step = im2col_step;
+  std::vector<std::vector<int64_t>> out;
+  if (std::string err = ms_deform_attn_output_shapes(in, out); !err.empty()) return err;
   p = MsDeformAttnParams{};
   p.batch = value[0];
   p.value_len = value[1];
@@ -96,46 +146,6 @@ inline std::string ms_deform_attn_check(const int64_t* value, int value_rank, co
   p.levels = spatial_shapes[0];
   p.queries = sampling_locations[1];
   p.points = sampling_locations[4];
-  if (spatial_shapes[1] != 2)
-    return op + "spatial_shapes must be (L, 2), one (H, W) row per level, got shape " + dims_str(spatial_shapes, 2);
-  // No levels: nothing to attend to. Refused rather than answered with zeros:
-  // a model without feature levels is a bug, and the level checks below need one.
-  if (p.levels == 0) return op + "needs at least one level: spatial_shapes has shape " + dims_str(spatial_shapes, 2);
-  if (level_start_index[0] != p.levels)
-    return op + "level_start_index has " + str(level_start_index[0]) + " entries but spatial_shapes has " +
-           str(p.levels) + " levels (rows)";
-  if (sampling_locations[0] != p.batch)
-    return op + "sampling_locations has N = " + str(sampling_locations[0]) + " (dim 0) but value has N = " +
-           str(p.batch) + " (dim 0)";
-  if (sampling_locations[2] != p.heads)
-    return op + "sampling_locations has M = " + str(sampling_locations[2]) + " heads (dim 2) but value has M = " +
-           str(p.heads) + " (dim 2)";
-  if (sampling_locations[3] != p.levels)
-    return op + "sampling_locations has L = " + str(sampling_locations[3]) + " levels (dim 3) but spatial_shapes has " +
-           str(p.levels) + " rows";
-  if (sampling_locations[5] != 2)
-    return op + "sampling_locations must end in a dim of size 2 (x, y), got shape " + dims_str(sampling_locations, 6);
-  for (int i = 0; i < 5; ++i)
-    if (attention_weights[i] != sampling_locations[i]) {
-      static const char* const dim_names[5] = {"N", "Lq", "M", "L", "P"};
-      return op + "attention_weights has " + dim_names[i] + " = " + str(attention_weights[i]) + " (dim " + str(i) +
-             ") but sampling_locations has " + str(sampling_locations[i]) + ": attention_weights must be (N, Lq, M, L, "
-             "P) = " + dims_str(sampling_locations, 5) + ", got " + dims_str(attention_weights, 5);
-    }
-  // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
-  // M*D on its own too: it is the output's last dim even when N or Lq is 0.
-  int64_t value_numel = 1, loc_numel = 1, out_numel = 1, out_row, bytes;
-  bool fits = !__builtin_mul_overflow(p.heads, p.channels, &out_row);
-  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(value_numel, value[i], &value_numel);
-  for (int i = 0; i < 6; ++i) fits = fits && !__builtin_mul_overflow(loc_numel, sampling_locations[i], &loc_numel);
-  const int64_t out_dims[4] = {p.batch, p.queries, p.heads, p.channels};
-  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(out_numel, out_dims[i], &out_numel);
-  fits = fits && !__builtin_mul_overflow(value_numel, int64_t(16), &bytes) &&
-         !__builtin_mul_overflow(loc_numel, int64_t(16), &bytes) &&
-         !__builtin_mul_overflow(out_numel, int64_t(16), &bytes);
-  if (!fits)
-    return op + "value " + dims_str(value, 4) + ", sampling_locations " + dims_str(sampling_locations, 6) +
-           " or the output (N, Lq, M*D) has more elements than int64 can count";
   return "";
 }
 

@@ -13,14 +13,50 @@
 // ORT's reused arena buffers, a loss on torch's freshly faulted pages.)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "broadcast.h"
 #include "cpu_dispatch.h"
 #include "half.h"
+#include "shape.h"
 
 namespace opforge {
 namespace core {
+
+// What my_add's shape rule reads: the operands' shapes, and the names the
+// messages give them (torch's a and b; the ONNX node's A and B).
+template <typename Dim>
+struct MyAddShapes {
+  Shape<Dim> a, b;
+  const char* a_name = "a";
+  const char* b_name = "b";
+};
+
+// my_add's shape rule: numpy broadcasting of a and b (at most kMaxDims dims).
+// Returns "" and the output's shape in `out`, or the message every front end
+// raises: torch's kernels and fake impl (through _my_add_output_shapes) and
+// ONNX Runtime's kernels.
+template <typename Dim>
+std::string my_add_output_shapes(const MyAddShapes<Dim>& in, std::vector<std::vector<Dim>>& out) {
+  const int na = in.a.rank(), nb = in.b.rank(), n = std::max(na, nb);
+  if (na > kMaxDims || nb > kMaxDims)
+    return message("opforge::my_add: at most ", kMaxDims, " dimensions are supported, got ", in.a_name, ": ", na,
+                   " and ", in.b_name, ": ", nb);
+  std::vector<Dim> shape;
+  for (int i = 0; i < n; ++i) {
+    const int ia = i - (n - na), ib = i - (n - nb);
+    const Dim da = ia >= 0 ? in.a[ia] : Dim(1), db = ib >= 0 ? in.b[ib] : Dim(1);
+    if (da != db && da != 1 && db != 1)
+      return message("opforge::my_add: shapes of ", in.a_name, " ", in.a, " and ", in.b_name, " ", in.b,
+                     " are not broadcastable (dimension ", i - n, " differs)");
+    shape.push_back(da == 1 ? db : da);
+  }
+  out = {shape};
+  return "";
+}
 
 // A good slice per parallel task: big enough to amortise scheduling, small
 // enough to balance 2..64 threads on a few-MB tensor.

@@ -23,6 +23,7 @@
 #include "format.h"
 #include "layout.h"
 #include "roi_align_rotated_sample.h"
+#include "shape.h"
 
 namespace opforge {
 namespace core {
@@ -48,28 +49,62 @@ inline std::string roi_align_rotated_check_attrs(int64_t pooled_h, int64_t poole
   return "";
 }
 
-// The rule on shapes and attributes: input (N, C, H, W) with a non-empty map,
-// rois (K, 6), the attributes above, and every element count (and byte size
-// in any dtype) within int64. Fills p. Returns "" when valid, else a message
-// naming the op and the argument. The fake impl (through
-// _roi_align_rotated_output_shape) and every kernel apply it.
+// What roi_align_rotated's shape rule reads (the schema's arguments, each tensor by its shape).
+template <typename Dim>
+struct RoiAlignRotatedShapes {
+  Shape<Dim> input, rois;
+  int64_t output_height = 1, output_width = 1;
+  float spatial_scale = 1.0f;  // ONNX stores it as float32: every front end computes with that value
+  int64_t sampling_ratio = 0;
+  bool aligned = true, clockwise = false;
+};
+
+// roi_align_rotated's shape rule, on shapes and attributes: input (N, C, H, W)
+// with a non-empty map, rois (K, 6), the attributes above, and (for known sizes)
+// every element count and byte size in any dtype within int64. Gives the
+// output's shape (K, C, output_height, output_width) in `out`. Returns "" when
+// valid, else a message naming the op and the argument. The fake impl (through
+// _roi_align_rotated_output_shapes) and every kernel apply it.
+template <typename Dim>
+std::string roi_align_rotated_output_shapes(const RoiAlignRotatedShapes<Dim>& in, std::vector<std::vector<Dim>>& out) {
+  const std::string op = "opforge::roi_align_rotated: ";
+  const Shape<Dim>&input = in.input, &rois = in.rois;
+  if (input.rank() != 4) return message(op, "input must be 4-D (N, C, H, W), got shape ", input);
+  if (rois.rank() != 2 || rois[1] != 6)
+    return message(op, "rois must be 2-D (K, 6), one (batch index, cx, cy, w, h, angle) row per roi, got shape ",
+                   rois);
+  for (int i = 0; i < 4; ++i)
+    if (input[i] < 0) return message(op, "input has a negative size: shape ", input);
+  if (rois[0] < 0) return message(op, "rois has a negative size: shape ", rois);
+  if (input[2] == 0 || input[3] == 0)
+    return message(op, "input has an empty feature map (H x W = ", input[2], " x ", input[3],
+                   "): there is nothing to sample");
+  if (std::string err = roi_align_rotated_check_attrs(in.output_height, in.output_width, in.spatial_scale,
+                                                      in.sampling_ratio);
+      !err.empty())
+    return err;
+  const Shape<Dim> out_shape{{rois[0], input[1], Dim(in.output_height), Dim(in.output_width)}};
+  // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
+  const auto input_dims = known_all(input.dims), out_dims = known_all(out_shape.dims);
+  if (input_dims && out_dims && (!numel_fits(*input_dims, 16) || !numel_fits(*out_dims, 16)))
+    return message(op, "input ", input, " or the output (K, C, output_height, output_width) = ", out_shape,
+                   " has more elements than int64 can count");
+  out = {out_shape.dims};
+  return "";
+}
+
+// The rule for the kernels, on (pointer, rank) shapes: fills p.
 inline std::string roi_align_rotated_check(const int64_t* input, int input_rank, const int64_t* rois, int rois_rank,
                                            int64_t pooled_h, int64_t pooled_w, float spatial_scale,
                                            int64_t sampling_ratio, bool aligned, bool clockwise,
                                            RoiAlignRotatedParams& p) {
-  const std::string op = "opforge::roi_align_rotated: ";
-  if (input_rank != 4) return op + "input must be 4-D (N, C, H, W), got shape " + dims_str(input, input_rank);
-  if (rois_rank != 2 || rois[1] != 6)
-    return op + "rois must be 2-D (K, 6), one (batch index, cx, cy, w, h, angle) row per roi, got shape " +
-           dims_str(rois, rois_rank);
-  for (int i = 0; i < 4; ++i)
-    if (input[i] < 0) return op + "input has a negative size: shape " + dims_str(input, 4);
-  if (rois[0] < 0) return op + "rois has a negative size: shape " + dims_str(rois, 2);
-  if (input[2] == 0 || input[3] == 0)
-    return op + "input has an empty feature map (H x W = " + std::to_string(input[2]) + " x " +
-           std::to_string(input[3]) + "): there is nothing to sample";
-  if (std::string err = roi_align_rotated_check_attrs(pooled_h, pooled_w, spatial_scale, sampling_ratio); !err.empty())
-    return err;
+  RoiAlignRotatedShapes<int64_t> in;
+  in.input = shape_of(input, input_rank);
+  in.rois = shape_of(rois, rois_rank);
+  in.output_height = pooled_h, in.output_width = pooled_w, in.spatial_scale = spatial_scale;
+  in.sampling_ratio = sampling_ratio, in.aligned = aligned, in.clockwise = clockwise;
+  std::vector<std::vector<int64_t>> out;
+  if (std::string err = roi_align_rotated_output_shapes(in, out); !err.empty()) return err;
   p = RoiAlignRotatedParams{};
   p.batch = input[0];
   p.channels = input[1];
@@ -82,17 +117,6 @@ inline std::string roi_align_rotated_check(const int64_t* input, int input_rank,
   p.sampling_ratio = sampling_ratio;
   p.aligned = aligned;
   p.clockwise = clockwise;
-  // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
-  int64_t input_numel = 1, out_numel = 1, bytes;
-  bool fits = true;
-  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(input_numel, input[i], &input_numel);
-  const int64_t out_dims[4] = {p.rois, p.channels, pooled_h, pooled_w};
-  for (int i = 0; i < 4; ++i) fits = fits && !__builtin_mul_overflow(out_numel, out_dims[i], &out_numel);
-  fits = fits && !__builtin_mul_overflow(input_numel, int64_t(16), &bytes) &&
-         !__builtin_mul_overflow(out_numel, int64_t(16), &bytes);
-  if (!fits)
-    return op + "input " + dims_str(input, 4) + " or the output (K, C, output_height, output_width) = " +
-           dims_str(out_dims, 4) + " has more elements than int64 can count";
   return "";
 }
 

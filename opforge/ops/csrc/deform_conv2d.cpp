@@ -17,6 +17,7 @@
 
 #include "core/deform_conv2d.h"
 #include "deform_conv2d_args.h"
+#include "opforge/torch_shape_rule.h"
 
 namespace opforge {
 
@@ -151,31 +152,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias.to(bias_.scalar_type())};
 }
 
-// The kernel's shape rule and argument checks on shapes alone (no tensors):
-// the fake impl and ONNX shape inference call this (deform_conv2d.py), so they
-// accept, reject and size exactly as the kernels do. mask is read only when
-// use_mask. Returns [N, O, out_h, out_w].
-std::vector<int64_t> deform_conv2d_output_shape(c10::IntArrayRef input, c10::IntArrayRef weight,
-                                                c10::IntArrayRef offset, c10::IntArrayRef mask, c10::IntArrayRef bias,
-                                                int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                                                int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups,
-                                                bool use_mask) {
-  DeformConv2dParams p;
-  const std::string err = core::deform_conv2d_check(
-      input.data(), static_cast<int>(input.size()), weight.data(), static_cast<int>(weight.size()), offset.data(),
-      static_cast<int>(offset.size()), use_mask ? mask.data() : nullptr, static_cast<int>(mask.size()), bias.data(),
-      static_cast<int>(bias.size()), stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, offset_groups, use_mask,
-      p);
-  TORCH_CHECK(err.empty(), err);
-  return {p.batch, p.out_channels, p.out_h, p.out_w};
+// The shape rule (core::deform_conv2d_output_shapes) as the tensor-free op
+// opforge::_deform_conv2d_output_shapes, on SymInt sizes: the fake impl and ONNX
+// shape inference call it through opforge.ShapeRule (deform_conv2d.py), so they
+// accept, refuse and size exactly as the kernels do. mask is read only when use_mask.
+std::vector<c10::SymInt> deform_conv2d_output_shapes(c10::SymIntArrayRef input, c10::SymIntArrayRef weight,
+                                                     c10::SymIntArrayRef offset, c10::SymIntArrayRef mask,
+                                                     c10::SymIntArrayRef bias, int64_t stride_h, int64_t stride_w,
+                                                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
+                                                     int64_t groups, int64_t offset_groups, bool use_mask) {
+  core::DeformConv2dShapes<c10::SymInt> in;
+  in.input = rule_shape(input);
+  in.weight = rule_shape(weight);
+  in.offset = rule_shape(offset);
+  in.mask = rule_shape(mask);
+  in.bias = rule_shape(bias);
+  in.stride_h = stride_h, in.stride_w = stride_w, in.pad_h = pad_h, in.pad_w = pad_w, in.dil_h = dil_h;
+  in.dil_w = dil_w, in.groups = groups, in.offset_groups = offset_groups, in.use_mask = use_mask;
+  return run_shape_rule(in, core::deform_conv2d_output_shapes<c10::SymInt>);
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
-      "_deform_conv2d_output_shape(int[] input, int[] weight, int[] offset, int[] mask, int[] bias, int stride_h, "
-      "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
-      "bool use_mask) -> int[]",
-      &deform_conv2d_output_shape);
+      "_deform_conv2d_output_shapes(SymInt[] input, SymInt[] weight, SymInt[] offset, SymInt[] mask, "
+      "SymInt[] bias, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, "
+      "int offset_groups, bool use_mask) -> SymInt[]",
+      &deform_conv2d_output_shapes);
   m.def(
       "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
       "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "

@@ -14,6 +14,7 @@
 
 #include "core/ms_deform_attn.h"
 #include "ms_deform_attn_args.h"
+#include "opforge/torch_shape_rule.h"
 
 namespace opforge {
 namespace {
@@ -102,30 +103,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cpu(
   return {grad_value.to(t), grad_loc.to(t), grad_attn.to(t)};
 }
 
-// The shape rule alone (no tensors): the fake impl calls this
-// (opforge/ops/ms_deform_attn.py), so it accepts, rejects and sizes exactly as
-// the kernels do. Returns [N, Lq, M*D].
-std::vector<int64_t> ms_deform_attn_output_shape(c10::IntArrayRef value, c10::IntArrayRef spatial_shapes,
-                                                 c10::IntArrayRef level_start_index,
-                                                 c10::IntArrayRef sampling_locations,
-                                                 c10::IntArrayRef attention_weights, int64_t im2col_step) {
-  MsDeformAttnParams p;
-  const std::string err = core::ms_deform_attn_check(
-      value.data(), static_cast<int>(value.size()), spatial_shapes.data(), static_cast<int>(spatial_shapes.size()),
-      level_start_index.data(), static_cast<int>(level_start_index.size()), sampling_locations.data(),
-      static_cast<int>(sampling_locations.size()), attention_weights.data(),
-      static_cast<int>(attention_weights.size()), im2col_step, p);
-  TORCH_CHECK(err.empty(), err);
-  int64_t out[3];
-  core::ms_deform_attn_output_dims(p, out);
-  return {out[0], out[1], out[2]};
+// The shape rule (core::ms_deform_attn_output_shapes) as the tensor-free op
+// opforge::_ms_deform_attn_output_shapes, on SymInt sizes: the fake impl and ONNX
+// shape inference call it through opforge.ShapeRule (ms_deform_attn.py).
+std::vector<c10::SymInt> ms_deform_attn_output_shapes(c10::SymIntArrayRef value, c10::SymIntArrayRef spatial_shapes,
+                                                      c10::SymIntArrayRef level_start_index,
+                                                      c10::SymIntArrayRef sampling_locations,
+                                                      c10::SymIntArrayRef attention_weights, int64_t im2col_step) {
+  core::MsDeformAttnShapes<c10::SymInt> in;
+  in.value = rule_shape(value);
+  in.spatial_shapes = rule_shape(spatial_shapes);
+  in.level_start_index = rule_shape(level_start_index);
+  in.sampling_locations = rule_shape(sampling_locations);
+  in.attention_weights = rule_shape(attention_weights);
+  in.im2col_step = im2col_step;
+  return run_shape_rule(in, core::ms_deform_attn_output_shapes<c10::SymInt>);
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
-      "_ms_deform_attn_output_shape(int[] value, int[] spatial_shapes, int[] level_start_index, "
-      "int[] sampling_locations, int[] attention_weights, int im2col_step) -> int[]",
-      &ms_deform_attn_output_shape);
+      "_ms_deform_attn_output_shapes(SymInt[] value, SymInt[] spatial_shapes, SymInt[] level_start_index, "
+      "SymInt[] sampling_locations, SymInt[] attention_weights, int im2col_step) -> SymInt[]",
+      &ms_deform_attn_output_shapes);
   m.def(
       "ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
       "Tensor attention_weights, int im2col_step) -> Tensor");

@@ -9,6 +9,7 @@
 #include "core/my_add.h"
 #include "my_add_args.h"
 #include "opforge/torch_op.h"
+#include "opforge/torch_shape_rule.h"
 
 namespace opforge {
 
@@ -28,7 +29,18 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
+// The shape rule (core::my_add_output_shapes) as the tensor-free op
+// opforge::_my_add_output_shapes, on SymInt sizes: the fake impl and ONNX shape
+// inference call it through opforge.ShapeRule (my_add.py).
+std::vector<c10::SymInt> my_add_output_shapes(c10::SymIntArrayRef a, c10::SymIntArrayRef b) {
+  core::MyAddShapes<c10::SymInt> in;
+  in.a = rule_shape(a);
+  in.b = rule_shape(b);
+  return run_shape_rule(in, core::my_add_output_shapes<c10::SymInt>);
+}
+
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.def("_my_add_output_shapes(SymInt[] a, SymInt[] b) -> SymInt[]", &my_add_output_shapes);
   m.def("my_add(Tensor a, Tensor b) -> Tensor");
 }
 

@@ -5,10 +5,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include <algorithm>
+#include <string>
 #include <vector>
 
-#include "core/broadcast.h"
+#include "core/my_add.h"
 #include "opforge/torch_op.h"
 
 namespace opforge {
@@ -25,14 +25,14 @@ inline MyAddPlan my_add_prepare(const at::Tensor& a, const at::Tensor& b) {
                    "opforge::my_add: a has dtype ", a.scalar_type(),
                    "; supported dtypes are float16, bfloat16, float32 and float64");
   check_same_device("opforge::my_add", {{"a", &a}, {"b", &b}});
-  TORCH_CHECK_VALUE(a.dim() <= core::kMaxDims && b.dim() <= core::kMaxDims, "opforge::my_add: at most ",
-                    core::kMaxDims, " dimensions are supported, got a: ", a.dim(), " and b: ", b.dim());
-
-  const int64_t n = std::max(a.dim(), b.dim());
-  std::vector<int64_t> out_shape(n);
-  const int bad = core::broadcast_shapes(a.sizes().data(), a.dim(), b.sizes().data(), b.dim(), out_shape.data());
-  TORCH_CHECK_VALUE(bad < 0, "opforge::my_add: shapes of a ", shape_str(a.sizes()), " and b ", shape_str(b.sizes()),
-                    " are not broadcastable (dimension ", bad - n, " differs)");
+  core::MyAddShapes<int64_t> shapes;
+  shapes.a = core::shape_of(a.sizes().data(), static_cast<int>(a.dim()));
+  shapes.b = core::shape_of(b.sizes().data(), static_cast<int>(b.dim()));
+  std::vector<std::vector<int64_t>> out;
+  const std::string err = core::my_add_output_shapes(shapes, out);
+  TORCH_CHECK_VALUE(err.empty(), err);
+  const std::vector<int64_t>& out_shape = out[0];
+  const int64_t n = static_cast<int64_t>(out_shape.size());
 
   MyAddPlan r;
   r.out = at::empty(out_shape, a.options());

@@ -13,6 +13,7 @@
 
 #include "core/roi_align_rotated.h"
 #include "roi_align_rotated_args.h"
+#include "opforge/torch_shape_rule.h"
 
 namespace opforge {
 namespace {
@@ -68,28 +69,27 @@ at::Tensor roi_align_rotated_backward_cpu(const at::Tensor& grad_output, const a
   return grad_nhwc.permute({0, 3, 1, 2}).to(grad_output.scalar_type()).contiguous();
 }
 
-// The shape rule alone (no tensors): the fake impl calls this
-// (opforge/ops/roi_align_rotated.py), so it accepts, rejects and sizes exactly
-// as the kernels do. Returns [K, C, output_height, output_width].
-std::vector<int64_t> roi_align_rotated_output_shape(c10::IntArrayRef input, c10::IntArrayRef rois,
-                                                    int64_t output_height, int64_t output_width,
-                                                    double spatial_scale, int64_t sampling_ratio, bool aligned,
-                                                    bool clockwise) {
-  core::RoiAlignRotatedParams p;
-  const std::string err = core::roi_align_rotated_check(
-      input.data(), static_cast<int>(input.size()), rois.data(), static_cast<int>(rois.size()), output_height,
-      output_width, static_cast<float>(spatial_scale), sampling_ratio, aligned, clockwise, p);
-  TORCH_CHECK(err.empty(), err);
-  int64_t out[4];
-  core::roi_align_rotated_output_dims(p, out);
-  return {out[0], out[1], out[2], out[3]};
+// The shape rule (core::roi_align_rotated_output_shapes) as the tensor-free op
+// opforge::_roi_align_rotated_output_shapes, on SymInt sizes: the fake impl and
+// ONNX shape inference call it through opforge.ShapeRule (roi_align_rotated.py).
+std::vector<c10::SymInt> roi_align_rotated_output_shapes(c10::SymIntArrayRef input, c10::SymIntArrayRef rois,
+                                                         int64_t output_height, int64_t output_width,
+                                                         double spatial_scale, int64_t sampling_ratio, bool aligned,
+                                                         bool clockwise) {
+  core::RoiAlignRotatedShapes<c10::SymInt> in;
+  in.input = rule_shape(input);
+  in.rois = rule_shape(rois);
+  in.output_height = output_height, in.output_width = output_width;
+  in.spatial_scale = static_cast<float>(spatial_scale);
+  in.sampling_ratio = sampling_ratio, in.aligned = aligned, in.clockwise = clockwise;
+  return run_shape_rule(in, core::roi_align_rotated_output_shapes<c10::SymInt>);
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
-      "_roi_align_rotated_output_shape(int[] input, int[] rois, int output_height, int output_width, "
-      "float spatial_scale, int sampling_ratio, bool aligned, bool clockwise) -> int[]",
-      &roi_align_rotated_output_shape);
+      "_roi_align_rotated_output_shapes(SymInt[] input, SymInt[] rois, int output_height, int output_width, "
+      "float spatial_scale, int sampling_ratio, bool aligned, bool clockwise) -> SymInt[]",
+      &roi_align_rotated_output_shapes);
   m.def(
       "roi_align_rotated(Tensor input, Tensor rois, int output_height, int output_width, float spatial_scale, "
       "int sampling_ratio, bool aligned, bool clockwise) -> Tensor");

@@ -8,17 +8,15 @@ namespace ort {
 
 Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,
                         std::vector<int64_t>& out_shape, core::BinaryPlan& plan) {
-  if (shape_a.size() > core::kMaxDims || shape_b.size() > core::kMaxDims)
-    return invalid_argument("opforge::my_add: at most " + std::to_string(core::kMaxDims) +
-                            " dimensions are supported, got A: " + std::to_string(shape_a.size()) +
-                            " and B: " + std::to_string(shape_b.size()));
-  const int n = static_cast<int>(shape_a.size() > shape_b.size() ? shape_a.size() : shape_b.size());
-  out_shape.assign(n, 0);
-  const int bad = core::broadcast_shapes(shape_a.data(), static_cast<int>(shape_a.size()), shape_b.data(),
-                                         static_cast<int>(shape_b.size()), out_shape.data());
-  if (bad >= 0)
-    return invalid_argument("opforge::my_add: shapes of A " + shape_str(shape_a) + " and B " + shape_str(shape_b) +
-                            " are not broadcastable (dimension " + std::to_string(bad - n) + " differs)");
+  core::MyAddShapes<int64_t> shapes;
+  shapes.a = core::Shape<int64_t>{shape_a};
+  shapes.b = core::Shape<int64_t>{shape_b};
+  shapes.a_name = "A";
+  shapes.b_name = "B";
+  std::vector<std::vector<int64_t>> out;
+  if (std::string err = core::my_add_output_shapes(shapes, out); !err.empty()) return invalid_argument(err);
+  out_shape = out[0];
+  const int n = static_cast<int>(out_shape.size());
   plan = core::BinaryPlan{};
   plan.numel = 1;
   for (int64_t d : out_shape) plan.numel *= d;

@@ -1,0 +1,48 @@
+// The torch side of the built-in ops' shape rules (core/shape.h): a rule registered as a
+// tensor-free op whose tensor arguments are shapes with c10::SymInt dims, so the fake impl gets
+// symbolic output sizes under dynamic shapes from the same C++ the kernels run
+// (opforge.ShapeRule calls it from Python).
+#pragma once
+
+#include <c10/core/SymInt.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/shape.h"
+
+namespace opforge {
+namespace core {
+
+// A SymInt's number, when it is not symbolic.
+template <>
+struct DimTraits<c10::SymInt> {
+  static std::optional<int64_t> known(const c10::SymInt& d) { return d.maybe_as_int(); }
+};
+
+}  // namespace core
+
+// A tensor argument of a rule op, as the rule reads it.
+inline core::Shape<c10::SymInt> rule_shape(c10::SymIntArrayRef dims) {
+  return core::Shape<c10::SymInt>{std::vector<c10::SymInt>(dims.begin(), dims.end())};
+}
+
+// Runs `rule` (a core's <op>_output_shapes) on `in`: its message as a ValueError, else the outputs'
+// shapes flattened as the rule op returns them, [rank0, dims0..., rank1, dims1...].
+template <typename Shapes, typename Rule>
+std::vector<c10::SymInt> run_shape_rule(const Shapes& in, Rule rule) {
+  std::vector<std::vector<c10::SymInt>> out;
+  const std::string err = rule(in, out);
+  TORCH_CHECK_VALUE(err.empty(), err);
+  std::vector<c10::SymInt> flat;
+  for (const auto& shape : out) {
+    flat.emplace_back(static_cast<int64_t>(shape.size()));
+    flat.insert(flat.end(), shape.begin(), shape.end());
+  }
+  return flat;
+}
+
+}  // namespace opforge
