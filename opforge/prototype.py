@@ -61,20 +61,14 @@ from .ort_kernels.session import add_session_class_hook
 from .registration import OpInputError, OpRegistrationError, register_op, torch_op
 from .spec import AttrArg, OpSpec, TensorArg
 
-#: ONNX element types an ortx Python op can take and return. 0.15 refuses float16 outputs
-#: ("not supported by python customops api") and numpy has no bfloat16.
-_ORTX_TYPES = {
-    "tensor(float)": ("dt_float", np.float32), "tensor(double)": ("dt_double", np.float64),
-    "tensor(int64)": ("dt_int64", np.int64), "tensor(int32)": ("dt_int32", np.int32),
-    "tensor(int16)": ("dt_int16", np.int16), "tensor(int8)": ("dt_int8", np.int8),
-    "tensor(uint8)": ("dt_uint8", np.uint8), "tensor(bool)": ("dt_bool", np.bool_),
-}
+# The element types an onnxruntime-extensions Python op can take and return (0.15 refuses float16
+# outputs, "not supported by python customops api"; numpy has no bfloat16), from spec's one dtype
+# table: ONNX type string -> (PyCustomOpDef.dt_<onnx name>, numpy dtype).
+_ORTX_TYPES = {_spec.ONNX_TYPE_OF[name]: ("dt_" + _spec.ONNX_TYPE_OF[name][len("tensor("):-1], np.dtype(name))
+               for name in ("float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")}
 _ATTR_DT = {"int": "dt_int64", "bool": "dt_int64", "float": "dt_float"}
 
-_TORCH_OF_NUMPY = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-                   np.dtype(np.float16): torch.float16, np.dtype(np.int64): torch.int64,
-                   np.dtype(np.int32): torch.int32, np.dtype(np.int16): torch.int16, np.dtype(np.int8): torch.int8,
-                   np.dtype(np.uint8): torch.uint8, np.dtype(np.bool_): torch.bool}
+_TORCH_OF_NUMPY = {np.dtype(name): getattr(torch, name) for name, _, _ in _spec.ELEMENT_TYPES if name != "bfloat16"}
 
 
 class PrototypeKernelWarning(RuntimeWarning):
