@@ -81,26 +81,16 @@ def torch_extension():
     )
 
 
-def ort_library():
+def ort_library(name: str, sources: str, cuda_sources: list):
+    """An ONNX Runtime custom-op library of opforge/ort_kernels (built on the ORT headers, linking
+    neither torch nor onnxruntime): libopforge_ort (opforge's domain) or libopforge_mmdeploy
+    (mmdeploy's node forms, a drop-in for libmmdeploy_onnxruntime_ops.so)."""
     csrc = rel("opforge", "ort_kernels", "csrc")
     return B.OrtLibrary(
-        "opforge.ort_kernels.libopforge_ort",
-        [os.path.join(csrc, "*.cc")],
-        cuda_sources=[os.path.join(csrc, "cuda", "*.cc"), os.path.join(csrc, "cuda", "*.cu")],
+        f"opforge.ort_kernels.{name}",
+        [os.path.join(csrc, sources)],
+        cuda_sources=[os.path.join(csrc, c) for c in cuda_sources],
         include_dirs=[os.path.join(ROOT, csrc)],  # absolute: ninja runs elsewhere
-        ort_include_candidates=[REPO_ORT_INCLUDE],
-    )
-
-
-def mmdeploy_library():
-    """libopforge_mmdeploy.so: mmdeploy's node forms (a drop-in for libmmdeploy_onnxruntime_ops.so)."""
-    csrc = rel("opforge", "ort_kernels", "csrc")
-    return B.OrtLibrary(
-        "opforge.ort_kernels.libopforge_mmdeploy",
-        [os.path.join(csrc, "mmdeploy", "*.cc")],
-        # the CUDA EP kernels, and the shared cores' CUDA kernels (the same nvcc unit as libopforge_ort's)
-        cuda_sources=[os.path.join(csrc, "mmdeploy", "cuda", "*.cc"), os.path.join(csrc, "cuda", "kernels.cu")],
-        include_dirs=[os.path.join(ROOT, csrc)],
         ort_include_candidates=[REPO_ORT_INCLUDE],
     )
 
@@ -164,6 +154,12 @@ class DevelopNoIsolation(develop):
 
 bundle_ort_headers()
 setup(
-    ext_modules=[torch_extension(), ort_library(), mmdeploy_library(), aten_library()],
+    ext_modules=[
+        torch_extension(),
+        ort_library("libopforge_ort", "*.cc", ["cuda/*.cc", "cuda/*.cu"]),
+        # its CUDA EP kernels, and the shared cores' CUDA kernels (the same nvcc unit as libopforge_ort's)
+        ort_library("libopforge_mmdeploy", "mmdeploy/*.cc", ["mmdeploy/cuda/*.cc", "cuda/kernels.cu"]),
+        aten_library(),
+    ],
     cmdclass={"build_ext": B.build_ext(), "build_py": BuildPyWithOrtHeaders, "develop": DevelopNoIsolation},
 )

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "channel_rows.h"
 #include "cpu_dispatch.h"
 #include "deform_conv2d_tap.h"
 #include "format.h"
@@ -306,12 +307,6 @@ inline void build_taps(const DeformConv2dParams& p, const T* offset, const T* ma
 // pixel-major ("colT"): colT[q * ldk + (wg * kh*kw + k) * Cg + c_local], i.e.
 // per weight group a [pixels, kh*kw*Cg] block whose K order (k, c) matches
 // the weight permuted to [O, kh, kw, Cg] (see weight_to_tap_major).
-
-template <typename T>
-OPFORGE_ALWAYS_INLINE void blend4(const T* __restrict a0, const T* __restrict a1, const T* __restrict a2,
-                                  const T* __restrict a3, T w0, T w1, T w2, T w3, T* __restrict dst, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) dst[c] = w0 * a0[c] + w1 * a1[c] + w2 * a2[c] + w3 * a3[c];
-}
 
 template <typename T>
 OPFORGE_ALWAYS_INLINE void im2col_nhwc_tile_impl(const DeformConv2dParams& p, const T* input_nhwc, const T* offset,

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "channel_rows.h"
 #include "cpu_dispatch.h"
 #include "format.h"
 #include "ms_deform_attn_sample.h"
@@ -197,19 +198,6 @@ inline std::string ms_deform_attn_check_levels(const MsDeformAttnParams& p, cons
 //   backward: item = n * M + m (one head of one image: it alone writes
 //             grad_value[n, :, m, :], so items need no atomics).
 
-// acc[0:n] += w0*a0 + w1*a1 + w2*a2 + w3*a3 (four corners, one D-vector).
-template <typename T>
-OPFORGE_ALWAYS_INLINE void ms_deform_attn_blend4(const T* __restrict a0, const T* __restrict a1,
-                                                 const T* __restrict a2, const T* __restrict a3, T w0, T w1, T w2,
-                                                 T w3, T* __restrict acc, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += w0 * a0[d] + w1 * a1[d] + w2 * a2[d] + w3 * a3[d];
-}
-
-template <typename T>
-OPFORGE_ALWAYS_INLINE void ms_deform_attn_axpy(const T* __restrict a, T w, T* __restrict acc, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += w * a[d];
-}
-
 // Asks for the n elements at data to be brought towards L1 (every cache line).
 template <typename T>
 OPFORGE_ALWAYS_INLINE void ms_deform_attn_prefetch(const T* data, int64_t n) {
@@ -310,11 +298,11 @@ OPFORGE_ALWAYS_INLINE void ms_deform_attn_forward_impl(const MsDeformAttnParams&
       const T* level = value + cur[i].level;
       const T aw = cur[i].aw;
       if (c.valid == 15) {
-        ms_deform_attn_blend4(level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
+        blend4_add(level + c.pos[0] * row, level + c.pos[1] * row, level + c.pos[2] * row,
                               level + c.pos[3] * row, aw * c.w[0], aw * c.w[1], aw * c.w[2], aw * c.w[3], acc, D);
       } else if (c.valid != 0) {
         for (int k = 0; k < 4; ++k)
-          if (c.valid & (1u << k)) ms_deform_attn_axpy(level + c.pos[k] * row, aw * c.w[k], acc, D);
+          if (c.valid & (1u << k)) axpy(level + c.pos[k] * row, aw * c.w[k], acc, D);
       } else if (!std::isfinite(aw)) {
         // The point samples 0, and weight * 0 is NaN for a non-finite
         // weight, as in the reference composition (grid_sample, then weigh).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "channel_rows.h"
 #include "cpu_dispatch.h"
 #include "format.h"
 #include "layout.h"
@@ -166,23 +167,6 @@ inline std::string roi_align_rotated_check_rois(const RoiAlignRotatedParams& p, 
 
 // ---- CPU kernels ------------------------------------------------------------------------
 
-// acc[0:n] += w0*a0 + w1*a1 + w2*a2 + w3*a3 (four taps, one C-vector).
-template <typename T>
-OPFORGE_ALWAYS_INLINE void roi_align_rotated_blend4(const T* __restrict a0, const T* __restrict a1,
-                                                    const T* __restrict a2, const T* __restrict a3, T w0, T w1, T w2,
-                                                    T w3, T* __restrict acc, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) acc[c] += w0 * a0[c] + w1 * a1[c] + w2 * a2[c] + w3 * a3[c];
-}
-
-// row[0:n] += w * g (one tap's gradient row). The four taps of a point can be
-// the same row (clamped at the map's last row or column), so each tap is its
-// own pass: one loop writing four possibly-equal rows could not promise the
-// compiler they are distinct.
-template <typename T>
-OPFORGE_ALWAYS_INLINE void roi_align_rotated_axpy(const T* __restrict g, T w, T* __restrict row, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) row[c] += w * g[c];
-}
-
 // Rois [begin, end): out[k, c, ph, pw] for all c, ph, pw. input_nhwc is the
 // map channels-last; acc is scratch of C elements.
 template <typename T>
@@ -200,7 +184,7 @@ OPFORGE_ALWAYS_INLINE void roi_align_rotated_forward_impl(const RoiAlignRotatedP
           for (int64_t ix = 0; ix < r.grid_w; ++ix) {
             const RoiSample<T> s = rotated_roi_sample<T>(r, p.height, p.width, ph, pw, iy, ix);
             if (!s.valid) continue;
-            roi_align_rotated_blend4(image + s.pos[0] * C, image + s.pos[1] * C, image + s.pos[2] * C,
+            blend4_add(image + s.pos[0] * C, image + s.pos[1] * C, image + s.pos[2] * C,
                                      image + s.pos[3] * C, s.w[0], s.w[1], s.w[2], s.w[3], acc, C);
           }
         T* o = out_roi + ph * p.pooled_w + pw;
@@ -228,7 +212,7 @@ OPFORGE_ALWAYS_INLINE void roi_align_rotated_backward_impl(const RoiAlignRotated
           for (int64_t ix = 0; ix < r.grid_w; ++ix) {
             const RoiSample<T> s = rotated_roi_sample<T>(r, p.height, p.width, ph, pw, iy, ix);
             if (!s.valid) continue;
-            for (int t = 0; t < 4; ++t) roi_align_rotated_axpy(g, s.w[t], image + s.pos[t] * C, n);
+            for (int t = 0; t < 4; ++t) axpy(g, s.w[t], image + s.pos[t] * C, n);
           }
       }
   }

@@ -9,12 +9,7 @@
 // kernel registered with OPFORGE_ORT_KERNELS in the ONNX domain "com.example".
 #pragma once
 
-#ifndef ORT_API_MANUAL_INIT
-#define ORT_API_MANUAL_INIT
-#endif
-#include <onnxruntime_cxx_api.h>
-
-#include "opforge/ort_op.h"
+#include "opforge/ort_op.h"  // ORT's C++ API, with ORT_API_MANUAL_INIT
 
 #include <exception>
 #include <mutex>

@@ -80,5 +80,12 @@ inline void check_same_device(const char* op,
 
 inline std::string shape_str(at::IntArrayRef s) { return core::dims_str(s.data(), s.size()); }
 
+// A backward op's grad_output must have its forward's output shape (`want`, from the core's rule):
+// RuntimeError naming the op otherwise.
+inline void check_grad_output_shape(const char* op, const at::Tensor& grad_output, at::IntArrayRef want) {
+  TORCH_CHECK(grad_output.sizes() == want, op, " backward: grad_output has shape ", shape_str(grad_output.sizes()),
+              ", expected the output's ", shape_str(want));
+}
+
 }  // namespace opforge
 

@@ -1,6 +1,6 @@
 // Argument checks of opforge::ms_deform_attn shared by its CPU and CUDA
 // kernels: shapes in the core (core::ms_deform_attn_check, also used by the ORT
-// kernels and, through _ms_deform_attn_output_shape, the fake impl), then
+// kernels and, through _ms_deform_attn_output_shapes, the fake impl), then
 // dtypes and devices, then the level geometry (core::ms_deform_attn_check_levels)
 // on host copies of the index tensors. Raised as RuntimeError (TORCH_CHECK)
 // with the core's message.
@@ -32,9 +32,7 @@ inline core::MsDeformAttnParams ms_deform_attn_check_args(const at::Tensor& valu
   if (grad_output != nullptr) {
     int64_t want[3];
     core::ms_deform_attn_output_dims(p, want);
-    TORCH_CHECK(grad_output->sizes() == at::IntArrayRef(want, 3),
-                "opforge::ms_deform_attn backward: grad_output has shape ", shape_str(grad_output->sizes()),
-                ", expected the output's ", core::dims_str(want, 3));
+    check_grad_output_shape("opforge::ms_deform_attn", *grad_output, at::IntArrayRef(want, 3));
   }
   const at::ScalarType t = value.scalar_type();
   TORCH_CHECK(is_supported_float(t), "opforge::ms_deform_attn: value has dtype ", t,

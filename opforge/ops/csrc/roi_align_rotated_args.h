@@ -1,6 +1,6 @@
 // Argument checks of opforge::roi_align_rotated shared by its CPU and CUDA
 // kernels: shapes and attributes in the core (core::roi_align_rotated_check,
-// also used by the ORT kernels and, through _roi_align_rotated_output_shape,
+// also used by the ORT kernels and, through _roi_align_rotated_output_shapes,
 // the fake impl), then dtypes and devices, then the rois' values
 // (core::roi_align_rotated_check_rois) on a host copy. Raised as RuntimeError
 // (TORCH_CHECK) with the core's message.
@@ -37,9 +37,7 @@ inline core::RoiAlignRotatedParams roi_align_rotated_check_args(const at::Tensor
   if (grad_output != nullptr) {
     int64_t want[4];
     core::roi_align_rotated_output_dims(p, want);
-    TORCH_CHECK(grad_output->sizes() == at::IntArrayRef(want, 4),
-                "opforge::roi_align_rotated backward: grad_output has shape ", shape_str(grad_output->sizes()),
-                ", expected the output's ", core::dims_str(want, 4));
+    check_grad_output_shape("opforge::roi_align_rotated", *grad_output, at::IntArrayRef(want, 4));
   }
   check_same_device("opforge::roi_align_rotated", {{what, &input_like}, {"rois", &rois}});
   return p;
