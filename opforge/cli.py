@@ -4,7 +4,7 @@
     opforge info
     opforge new-op NAME --package PKG [--dir DIR] [--domain DOMAIN] [--cuda|--no-cuda|--prototype] [--force]
                    [--schema "NAME(Tensor x, Tensor index, float alpha) -> Tensor" [--dtypes index=int64]
-                    [--backward {python,cpp}]]
+                    [--backward {python,cpp}] [--no-grad NAME[,NAME]]]
     opforge ort-library-path [DOMAIN]
     opforge fetch-ort-headers [--dest DIR] [--force]
     opforge include-paths
@@ -160,7 +160,8 @@ def cmd_new_op(args) -> int:
     from .scaffold import new_op
 
     new_op(args.name, args.package, args.dir, domain=args.domain, cuda=args.cuda, force=args.force,
-           prototype=args.prototype, schema=args.schema, dtypes=args.dtypes, backward=args.backward)
+           prototype=args.prototype, schema=args.schema, dtypes=args.dtypes, backward=args.backward,
+           no_grad=args.no_grad)
     return 0
 
 
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--backward", choices=["python", "cpp"], default=None,
                      help="with --schema: the backward as an autograd formula in Python (default) or as a C++ op "
                           "of its own, _NAME_backward, next to the forward")
+    new.add_argument("--no-grad", action="append", default=None, metavar="NAME[,NAME]",
+                     help="with --schema: a float tensor input without a gradient (e.g. rois): "
+                          "TensorArg(differentiable=False), None from the backward; repeatable")
     new.set_defaults(func=cmd_new_op)
 
     fetch = sub.add_parser("fetch-ort-headers", help="fetch ONNX Runtime's C/C++ headers (Debian's libonnxruntime-dev)")

@@ -324,3 +324,18 @@ def test_new_op_cli_errors_are_clear(tmp_path):
         run = run_python(["-m", "opforge", *args], cwd=tmp_path)
         assert run.returncode == 1 and words in run.stderr, (args, run.stderr)
     assert not (tmp_path / "a").exists()
+
+
+def test_setup_py_takes_its_cuda_sources_from_a_template_placeholder(tmp_path):
+    """setup.py's CUDA_SOURCES is the template's {{CUDA_SOURCES}}, filled like every other key (render()
+    refuses a key left unfilled), not a line of the written file patched by text replacement."""
+    from opforge.scaffold import TEMPLATE_DIR, new_op
+
+    assert "CUDA_SOURCES = {{CUDA_SOURCES}}" in (TEMPLATE_DIR / "setup.py.tmpl").read_text()
+    assert "CUDA_SOURCES" not in (ROOT / "opforge" / "scaffold" / "__init__.py").read_text()
+    for cuda, line in ((True, f'CUDA_SOURCES = ["src/{PKG}/csrc/cuda/*.cu"]\n'),
+                       (False, "CUDA_SOURCES = []  # generated --no-cuda\n")):
+        pkg_dir = new_op(NAME, PKG, tmp_path / str(cuda), cuda=cuda, log=lambda s: None)
+        assert line in (pkg_dir / "setup.py").read_text()
+        assert (pkg_dir / "src" / PKG / "csrc" / "cuda" / f"{NAME}_cuda.cu").is_file() == cuda
+

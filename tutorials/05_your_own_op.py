@@ -164,12 +164,12 @@ def mixed_type_op_from_schema(work: Path) -> bool:
     from opforge.testing import Sample, check_op
 
     t0 = time.perf_counter()
-    samples = [Sample(*module.example_args((4, 6)), name="2d")]
+    samples = [Sample(*module.example_args(sizes={"batch": 4, "n": 6}), name="2d")]
     check_op(spec, samples, checks=("opcheck", "gradcheck", "reference", "float_attrs"),
              dtypes=[torch.float32, torch.float64])
     print(f"   opcheck, gradcheck, numpy reference, float32 attributes: ok ({time.perf_counter() - t0:.0f} s)")
 
-    x, rows, scale = module.example_args((4, 6))
+    x, rows, scale = module.example_args(sizes={"batch": 4, "n": 6})
     ok = True
     for dynamo in (True, False):
         kw = ({"dynamic_shapes": ({0: torch.export.Dim("batch")}, None)} if dynamo

@@ -16,10 +16,19 @@ types than the op's float types): the argument list appears once, in the schema,
 piece (OpSpec args, checks, fake impl, torch and ORT kernels with the right C++ types, the core's
 argument struct, wrapper, module, tests, benchmark) is generated from it
 (``opforge/templates/new_op_schema``, over the shared files of ``new_op``). Its math is a
-placeholder, stated as such everywhere: every output is the first float input times
-``1 + the sum of the float attributes``. ``backward="cpp"`` (``--backward cpp``) writes the backward
+placeholder, stated as such everywhere: every output is the first float input with a gradient
+times ``1 + the sum of the float attributes``. ``backward="cpp"`` (``--backward cpp``) writes the backward
 as a C++ op of its own (``_NAME_backward``, in the spec's ``helper_ops``) whose autograd kernel
-refuses double backward with a clear error; the default is a Python autograd formula.
+refuses double backward with a clear error; the default is a Python autograd formula. ``--no-grad
+rois`` marks a float tensor input without a gradient (the spec's ``TensorArg(differentiable=False)``,
+None from the autograd formula, nothing computed or allocated for it by a C++ backward). Each tensor
+input has an example shape of its own (``EXAMPLE_SHAPES`` in the spec module: ints and named sizes,
+``batch`` the dim 0 the tests double), which the tests and the benchmark (``--size``, ``--shape
+NAME=2x3x4``) take; the op's description (README, module docstring, ``OpSpec(doc=...)``) is written
+once, by :func:`.python_blocks.description`. The glue between the runtimes and the core
+(``opforge/glue/*.h``: ``core_tensor.h``, ``torch_glue.h``, ``ort_glue.h``) is not generated: it is
+installed with opforge, in ``opforge/csrc`` (on every package's include path through
+:mod:`opforge.build`), so a fix to it reaches existing packages at their next build.
 
 The package: this module (names, templates, :func:`new_op`); :mod:`.schema` (the schema parsed
 into an :class:`~.schema.OpSignature`); :mod:`.cpp_blocks` and :mod:`.python_blocks` (each piece
@@ -35,7 +44,7 @@ from typing import Callable, Optional
 
 from .names import NewOp, validate
 from .python_blocks import schema_substitutions
-from .schema import OWN_DTYPES, OpSignature, SchemaArg, parse_dtypes, parse_schema
+from .schema import OWN_DTYPES, OpSignature, SchemaArg, parse_dtypes, parse_names, parse_schema
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates" / "new_op"
 #: ``opforge new-op --prototype``: the same op as a spec + numpy kernel (no C++), run in ONNX
@@ -77,7 +86,7 @@ def _template_files(prototype: bool, schema: bool, cuda: bool) -> dict:
 
 def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, domain: Optional[str] = None,
            cuda: bool = True, force: bool = False, prototype: bool = False, schema: Optional[str] = None,
-           dtypes=None, backward: Optional[str] = None, log: Callable[[str], None] = print) -> Path:
+           dtypes=None, backward: Optional[str] = None, no_grad=None, log: Callable[[str], None] = print) -> Path:
     """Writes the package ``package`` with the op ``name`` into ``directory`` (default
     ``./<package>``) and returns that directory. ``cuda=False`` leaves out the CUDA kernels;
     ``prototype=True`` writes a pure-Python package instead (spec + numpy kernel, ONNX Runtime
@@ -87,17 +96,22 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
     the package is generated for that signature, with placeholder math (CPU kernels only).
     ``dtypes``: element types of its non-float tensor inputs, ``{"index": "int64"}`` or
     ``["index=int64", ...]`` (``--dtypes``); ``backward``: ``"python"`` (default: an autograd formula
-    in the spec) or ``"cpp"`` (a C++ backward op, ``_NAME_backward``)."""
+    in the spec) or ``"cpp"`` (a C++ backward op, ``_NAME_backward``); ``no_grad``: float tensor
+    inputs without a gradient, ``["rois"]`` or ``"rois,boxes"`` (``--no-grad``): ``TensorArg(...,
+    differentiable=False)`` in the spec, None from the autograd formula, no gradient computed or
+    allocated by a C++ backward."""
     spec = validate(name, package, domain)
     signature = None
     if schema is None:
-        if dtypes or backward is not None:
-            raise ValueError("opforge new-op: --dtypes and --backward describe a --schema op; give --schema too")
+        if dtypes or backward is not None or no_grad:
+            raise ValueError("opforge new-op: --dtypes, --backward and --no-grad describe a --schema op; give "
+                             "--schema too")
     else:
         if prototype:
             raise ValueError("opforge new-op: --schema writes compiled kernels; it does not combine with --prototype")
         dtypes = dict(dtypes) if isinstance(dtypes, dict) else parse_dtypes(dtypes)
-        signature = parse_schema(name, schema, dtypes, backward=backward or "python", package=package)
+        signature = parse_schema(name, schema, dtypes, backward=backward or "python", package=package,
+                                 no_grad=no_grad)
         cuda = False  # the schema's kernels are CPU only (the README says how to add CUDA)
     if prototype:
         cuda = False
@@ -110,9 +124,6 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
     for rel, template in _template_files(prototype, signature is not None, cuda).items():
         target = dest / rel.replace("__PKG__", package).replace("__NAME__", name)
         text = render(template.read_text(), subs)
-        if target.name == "setup.py" and not cuda:
-            why = "new-op --schema: CPU kernels only" if signature else "generated --no-cuda"
-            text = text.replace(f'CUDA_SOURCES = ["src/{package}/csrc/cuda/*.cu"]', f"CUDA_SOURCES = []  # {why}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         written.append(target.relative_to(dest).as_posix())
@@ -131,9 +142,10 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
     if signature:
         bw = f"csrc/{name}.h: {name}_backward, " if signature.backward == "cpp" else f"{name}.py: _backward, "
         log(f"then replace the PLACEHOLDER math: csrc/{name}.h: {name}_forward, {bw}"
-            f"csrc/{name}.h: {name}_output_shapes, {name}.py: _reference, example_args (see {dest / 'README.md'})")
+            f"csrc/{name}.h: {name}_output_shapes, {name}.py: _reference, EXAMPLE_SHAPES and example_args "
+            f"(see {dest / 'README.md'})")
     return dest
 
 
 __all__ = ["NewOp", "OWN_DTYPES", "OpSignature", "PROTOTYPE_TEMPLATE_DIR", "SCHEMA_TEMPLATE_DIR", "SchemaArg", "TEMPLATE_DIR", "new_op", "parse_dtypes",
-           "parse_schema", "schema_substitutions", "validate"]
+           "parse_names", "parse_schema", "schema_substitutions", "validate"]

@@ -85,7 +85,7 @@ def core_blocks(sig: OpSignature, camel: str) -> dict:
         if a.is_tensor:
             element = OWN_DTYPES[a.dtype][0] if a.dtype else "F"
             note = f"{a.declaration}" + (f": {a.dtype}" if a.dtype else "") + \
-                (" (present == false when not given)" if a.optional else "")
+                (" (present == false when not given)" if a.optional else "") + (", no gradient" if a.no_grad else "")
             fields.append(f"  Input<{element}> {a.name};  // {note}")
         else:
             init = {"int": " = 0", "ints": "", "float": " = 0", "floats": "", "bool": " = false"}[a.kind]
@@ -168,13 +168,15 @@ struct {camel}Grads {{
         lines.append("  });")
         lines += [f"  std::fill(grad_{a.name}, grad_{a.name} + args.{a.name}.numel(), F(0));" for a in others]
         body = "\n".join(lines)
+        no_grad = (f" {', '.join(sig.no_grad)} {'has' if len(sig.no_grad) == 1 else 'have'} none (--no-grad): "
+                   "nothing is computed or allocated for it.") if sig.no_grad else ""
         backward_note = _cpp_comment(f"PLACEHOLDER: the exact derivative of the placeholder forward: each output is "
                                      f"{x} * placeholder_scale, so grad_{x} = (the sum of the outputs' gradients) * "
                                      f"placeholder_scale.{zero_words}")
         backward_doc = "\n".join([
             _cpp_comment(f"{sig.name}'s backward (`--backward cpp`): the gradient of each float input from the "
                          "forward's arguments and the outputs' gradients. Returns \"\" or an error message, like "
-                         f"{sig.name}_forward.", 0),
+                         f"{sig.name}_forward." + no_grad, 0),
             _cpp_comment(f"  alloc(k, shape) -> F*: allocates the gradient of float input k ({grad_list}), which "
                          "must have that input's shape: contiguous, row-major, uninitialised (write every element).",
                          0)])

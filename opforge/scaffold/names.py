@@ -31,7 +31,12 @@ class NewOp:
         return {
             "PKG": self.package, "NAME": self.name, "NAME_UPPER": self.name.upper(), "NAME_CAMEL": self.camel,
             "DOMAIN": self.domain, "OPFORGE_VERSION": __version__.split("+")[0],
+            "CUDA_SOURCES": self.cuda_sources(),
         }
+
+    def cuda_sources(self, why: str = "generated --no-cuda") -> str:
+        """setup.py's ``CUDA_SOURCES`` list: the package's .cu files, or none (``why`` says so)."""
+        return f'["src/{self.package}/csrc/cuda/*.cu"]' if self.cuda else f"[]  # {why}"
 
 
 def _check_identifier(kind: str, value: str) -> None:

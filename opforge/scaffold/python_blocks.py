@@ -11,19 +11,43 @@ from .names import NewOp
 from .schema import OWN_DTYPES, OpSignature, SchemaArg
 
 
+#: The example sizes new-op writes (EXAMPLE_SIZES and BENCHMARK_SIZES in the spec module): the
+#: tests' two samples and the benchmark's default. "batch" is the dim the tests double.
+EXAMPLE_SIZES = ({"batch": 3, "n": 5}, {"batch": 2, "n": 7})
+BENCHMARK_SIZES = {"batch": 64, "n": 4096}
+
+
+def _literal(value) -> str:
+    """``value`` (str, int, tuple, dict of them) as Python source, strings double-quoted."""
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_literal, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _example_shape(a: SchemaArg) -> tuple:
+    """The example shape new-op writes for tensor input ``a`` (EXAMPLE_SHAPES): (batch, n) for a
+    float tensor, which the placeholder math takes; 6 values for a tensor of its own type."""
+    return (6,) if a.dtype else ("batch", "n")
+
+
 def _example_value(sig: OpSignature, a: SchemaArg, index: int) -> str:
     """The expression example_args gives for argument ``a`` (``index``: its place among its kind)."""
     if a.is_tensor:
+        shape = f'shape["{a.name}"]'
         if a.dtype == "bool":
-            value = "torch.randint(0, 2, (6,), generator=g).bool()"
+            value = f"torch.randint(0, 2, {shape}, generator=g).bool()"
             note = "bool"
         elif a.dtype:
             extra = "" if a.dtype == "int64" else f", dtype={OWN_DTYPES[a.dtype][2]}"
-            value = f"torch.randint(0, 4, (6,), generator=g{extra})"
+            value = f"torch.randint(0, 4, {shape}, generator=g{extra})"
             note = f"{a.dtype}, values in [0, 4)"
         else:
-            value = "torch.randn(*shape, generator=g)"
-            note = "float"
+            value = f"torch.randn({shape}, generator=g)"
+            note = "float" + (", no gradient" if a.no_grad else "")
         if a.optional and sig.trailing_optional(a):
             return f"{value} if variant == 0 else None,  # {a.name}: {note}, optional (None in variant 1)"
         return f"{value},  # {a.name}: {note}" + (", optional" if a.optional else "")
@@ -70,6 +94,14 @@ def _raise_type_error(condition: str, *message: str) -> list:
     if len(f"        raise TypeError({merged})") <= 110:
         message = (merged,)
     return [f"    if {condition}:", "        " + wrap("raise TypeError(", message, ")", indent=8, sep="")]
+
+
+def description(sig: OpSignature) -> str:
+    """What the op is, in two sentences: the generated README, the spec module's docstring and
+    ``OpSpec(doc=...)`` each say this (their templates hold only its key)."""
+    no_grad = f"; none for {', '.join(sig.no_grad)} (--no-grad)" if sig.no_grad else ""
+    return (f"{sig.name}: PLACEHOLDER math, until you write the op's: {placeholder_math(sig)}. Gradients: "
+            f"{', '.join(a.name for a in sig.grad_inputs)}{no_grad}.")
 
 
 def _py_blocks(sig: OpSignature, pkg: str) -> dict:
@@ -124,11 +156,13 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
         grad_sum = f"({grad_sum})" if n_out > 1 else grad_sum
         scale = " + ".join(["1.0"] + [f"_float32({a.name})" for a in sig.float_attrs])
         returned = returning([f"{grad_sum} * placeholder_scale" if a is sig.primary else "None" for a in sig.args])
+        no_grad = "\n    " + _doc(f"None for {', '.join(sig.no_grad)} whatever the math: --no-grad, "
+                                  "differentiable=False in the spec.", width=96) if sig.no_grad else ""
         autograd = "\n".join(setup) + f'''
 
 
 def _backward(ctx, {grads}):
-    """The inputs' gradients (None where there is none) from the outputs' gradients.
+    """The inputs' gradients (None where there is none) from the outputs' gradients.{no_grad}
 
     PLACEHOLDER: the exact derivative of the placeholder math: each output is {x} * placeholder_scale,
     so d/d{x} is (the sum of the outputs' gradients) * placeholder_scale, and no other input enters it.
@@ -186,7 +220,8 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
     spec_args = []
     for a in sig.args:
         if a.is_tensor:
-            extra = (f', dtypes=("{a.dtype}",)' if a.dtype else "") + (", optional=True" if a.optional else "")
+            extra = (f', dtypes=("{a.dtype}",)' if a.dtype else "") + (", optional=True" if a.optional else "") + \
+                (", differentiable=False" if a.no_grad else "")
             spec_args.append(f'        opforge.TensorArg("{a.name}"{extra}, doc="{a.declaration}: {a.description}"),')
         else:
             spec_args.append(f'        opforge.AttrArg("{a.name}", kind="{a.kind}", doc="{a.declaration}: '
@@ -205,10 +240,11 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
     forward = [(t.name, annotation(t), "None" if t.optional else None) for t in tensors]
     call = [a.name if a.is_tensor else f"self.{a.name}" for a in sig.args]
     returns = " -> torch.Tensor" if n_out == 1 else " -> tuple[" + ", ".join(["torch.Tensor"] * n_out) + "]"
-    grad_text = ", ".join(a.name for a in sig.grad_inputs)
+    shapes = [f'    "{t.name}": {_literal(_example_shape(t))},' for t in tensors]
     return {
-        "PY_TYPING_IMPORT": "from typing import Optional, Sequence" if any(t.optional for t in tensors)
-        else "from typing import Sequence",
+        "PY_EXAMPLE_SHAPES": "\n".join(shapes),
+        "PY_EXAMPLE_SIZES": _literal(EXAMPLE_SIZES),
+        "PY_BENCHMARK_SIZES": _literal(BENCHMARK_SIZES),
         "OUTPUT_LIST": ", ".join(sig.outputs),
         "TENSOR_LIST": ", ".join(t.name for t in tensors),
         "PY_FAKE_DEF": wrap("def _fake(", names, "):"),
@@ -217,11 +253,10 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_WRAPPER_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", names, ")", indent=4),
         "PY_MODULE_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", call, ")", indent=8),
         "PY_DOC_SCHEMA": _doc(sig.schema, indent=8),
-        "PY_DOC_PLACEHOLDER": _doc(f"PLACEHOLDER math, until you write the op's: {placeholder_math(sig)}.", 0),
+        "PY_DOC_DESCRIPTION": _doc(description(sig), 0),
         "PY_REFERENCE_PLACEHOLDER": _doc(f"PLACEHOLDER: {placeholder_math(sig)}."),
         "PY_SPEC_SCHEMA": wrap("schema=", literal_pieces(sig.schema, 96), ",", indent=4, sep=""),
-        "PY_SPEC_DOC": wrap("doc=", literal_pieces(f"{sig.name} (PLACEHOLDER math: {placeholder_math(sig)})", 96),
-                             ",", indent=4, sep=""),
+        "PY_SPEC_DOC": wrap("doc=", literal_pieces(description(sig), 96), ",", indent=4, sep=""),
         "PY_CHECKS": "\n".join(checks),
         "PY_FAKE_SHAPES": wrap("shapes = _shape_rule(", rule_args, ")", indent=4),
         "PY_FAKE_RETURN": fake_return,
@@ -239,7 +274,6 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_MODULE_INIT_DEF": wrap("def __init__(", ["self"] + _py_params(init), "):", indent=4),
         "PY_MODULE_INIT_BODY": init_body,
         "PY_MODULE_FORWARD_DEF": wrap("def forward(", ["self"] + _py_params(forward), f"){returns}:", indent=4),
-        "GRAD_INPUT_TEXT": _doc(grad_text),
         "BACKWARD_TODO": (f"\n* ``{sig.name}_backward`` in csrc/{sig.name}.h: its derivative (the C++ op "
                           f"``_{sig.name}_backward``);") if sig.backward == "cpp" else
         "\n* ``_backward`` below: its derivative (an autograd formula in torch ops);",
@@ -247,14 +281,12 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
 
 
 def _test_blocks(sig: OpSignature) -> dict:
-    batch = ", ".join(f'"{t.name}"' for t in sig.float_tensors) + ("," if len(sig.float_tensors) == 1 else "")
     bad = [f'    _bad({sig.args.index(sig.primary)}, torch.int32, "{sig.primary.name}-int32"),']
     for t in sig.tensors:
         if t.dtype:
             wrong = "int64" if t.dtype == "int32" else "int32"
             bad.append(f'    _bad({sig.args.index(t)}, torch.{wrong}, "{t.name}-{wrong}"),')
     return {
-        "TEST_BATCH": batch,
         "TEST_BAD_SAMPLES": "\n".join(bad),
         "TEST_OP_TESTS_OPTIONS": ", gradgrad=False" if sig.backward == "cpp" else "",
         "BENCH_BACKWARD_DOC": ", and forward + backward",
@@ -265,12 +297,14 @@ def _readme_blocks(sig: OpSignature, spec: NewOp, dtypes: dict) -> dict:
     flags = f" --domain {spec.domain}" if spec.domain != spec.package else ""
     if dtypes:
         flags += " --dtypes " + ",".join(f"{k}={v}" for k, v in dtypes.items())
+    if sig.no_grad:
+        flags += " --no-grad " + ",".join(sig.no_grad)
     if sig.backward == "cpp":
         flags += " --backward cpp"
     pkg, name = spec.package, sig.name
     if sig.backward == "cpp":
-        row = (f"\n| `src/{pkg}/csrc/{name}.h`: `{name}_backward` | its derivative: the gradient of each float input "
-               f"(the C++ op `_{name}_backward`) |")
+        row = (f"\n| `src/{pkg}/csrc/{name}.h`: `{name}_backward` | its derivative: the gradients of "
+               f"{', '.join(a.name for a in sig.grad_inputs)} (the C++ op `_{name}_backward`) |")
         gradgrad = f"; first order only: `_{name}_backward` has no derivative of its own, so the tests pass `gradgrad=False`"
     else:
         row = f"\n| `src/{pkg}/{name}.py`: `_backward` | its derivative (an autograd formula in torch ops) |"
@@ -289,7 +323,8 @@ def _readme_blocks(sig: OpSignature, spec: NewOp, dtypes: dict) -> dict:
 def schema_substitutions(sig: OpSignature, spec: NewOp, dtypes: Optional[dict] = None) -> dict:
     """Every ``{{KEY}}`` of the ``new_op_schema`` templates for ``sig`` (beside :meth:`NewOp.substitutions`)."""
     subs = dict(spec.substitutions())
-    subs.update(SCHEMA=sig.schema, PLACEHOLDER_MATH=placeholder_math(sig), PRIMARY=sig.primary.name)
+    subs.update(SCHEMA=sig.schema, DESCRIPTION=description(sig), PRIMARY=sig.primary.name,
+                CUDA_SOURCES=spec.cuda_sources("new-op --schema: CPU kernels only"))
     subs.update(core_blocks(sig, spec.camel))
     subs.update(torch_blocks(sig, spec.package, spec.camel))
     subs.update(ort_blocks(sig))

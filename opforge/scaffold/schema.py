@@ -49,6 +49,8 @@ class SchemaArg:
     dtype: Optional[str] = None
     #: The schema's default as a Python literal, None if it has none.
     default: Optional[str] = None
+    #: A float tensor without a gradient (``--no-grad``): ``TensorArg(differentiable=False)``.
+    no_grad: bool = False
 
     @property
     def is_tensor(self) -> bool:
@@ -71,7 +73,8 @@ class SchemaArg:
         """What the argument is, in words (docs, comments)."""
         if self.is_tensor:
             what = f"{self.dtype} tensor" if self.dtype else "float tensor"
-            return f"{what}, optional" if self.optional else what
+            what += ", optional" if self.optional else ""
+            return what + (", no gradient (--no-grad)" if self.no_grad else "")
         return {"int": "int attribute", "ints": "int list attribute", "float": "float attribute, float32 in ONNX",
                 "floats": "float list attribute, float32 values in ONNX", "bool": "bool attribute, an int 0/1 in ONNX"}[self.kind]
 
@@ -101,13 +104,18 @@ class OpSignature:
 
     @property
     def primary(self) -> SchemaArg:
-        """The placeholder's input: the first required float tensor (every output is shaped like it)."""
-        return next(a for a in self.args if a.is_float_tensor and not a.optional)
+        """The placeholder's input: the first of :attr:`grad_inputs` (every output is shaped like it)."""
+        return self.grad_inputs[0]
 
     @property
     def grad_inputs(self) -> tuple:
-        """The inputs with a gradient: the required float tensors."""
-        return tuple(a for a in self.args if a.is_float_tensor and not a.optional)
+        """The inputs with a gradient: the required float tensors but those given to ``--no-grad``."""
+        return tuple(a for a in self.args if a.is_float_tensor and not a.optional and not a.no_grad)
+
+    @property
+    def no_grad(self) -> tuple:
+        """The names given to ``--no-grad``: float tensors without a gradient."""
+        return tuple(a.name for a in self.args if a.no_grad)
 
     @property
     def float_attrs(self) -> tuple:
@@ -134,6 +142,16 @@ def _schema_error(schema: str, why: str) -> ValueError:
     return ValueError(f"opforge new-op: --schema {schema!r}: {why}")
 
 
+def parse_names(values) -> tuple:
+    """``--no-grad`` values (names, comma-separated or repeated) -> the names, each once, in order."""
+    out: list = []
+    for value in [values] if isinstance(values, str) else values or ():
+        for item in str(value).split(","):
+            if item.strip() and item.strip() not in out:
+                out.append(item.strip())
+    return tuple(out)
+
+
 def parse_dtypes(values) -> dict:
     """``--dtypes`` values (each ``name=dtype``, comma-separated or repeated) -> {name: dtype}."""
     out: dict = {}
@@ -152,10 +170,11 @@ def parse_dtypes(values) -> dict:
 
 
 def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backward: str = "python",
-                 package: Optional[str] = None) -> OpSignature:
+                 package: Optional[str] = None, no_grad=()) -> OpSignature:
     """The :class:`OpSignature` of ``schema`` (a torch schema such as ``NAME(Tensor x, Tensor index,
     float alpha) -> Tensor``), checked for what the generated package supports; ``dtypes``: element
-    types of tensor inputs that are not the op's float type (``{"index": "int64"}``)."""
+    types of tensor inputs that are not the op's float type (``{"index": "int64"}``); ``no_grad``:
+    names of float tensor inputs without a gradient (``--no-grad``)."""
     import torch
 
     dtypes = dict(dtypes or {})
@@ -221,6 +240,16 @@ def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backw
                              f"{', '.join(OWN_DTYPES)} (float tensors take the op's float types without "
                              "declaring them)")
         by_name[arg_name] = dataclasses.replace(by_name[arg_name], dtype=dtype)
+    for arg_name in parse_names(no_grad):
+        floats = [a.name for a in by_name.values() if a.is_float_tensor]
+        if arg_name not in by_name or not by_name[arg_name].is_float_tensor:
+            arg = by_name.get(arg_name)
+            what = "not an argument" if arg is None else (
+                f"a tensor of its own type ({arg.dtype}), which has no gradient anyway" if arg.is_tensor
+                else f"an attribute ({arg.declaration})")
+            raise ValueError(f"opforge new-op: --no-grad {arg_name}: {arg_name!r} is {what}; --no-grad takes float "
+                             f"tensor inputs of the schema (here: {', '.join(floats)})")
+        by_name[arg_name] = dataclasses.replace(by_name[arg_name], no_grad=True)
     args = [by_name[a.name] for a in args]
 
     names = [a.name for a in args] + outputs
@@ -236,4 +265,9 @@ def parse_schema(name: str, schema: str, dtypes: Optional[dict] = None, *, backw
     if not any(a.is_float_tensor and not a.optional for a in args):
         raise _schema_error(schema, "the op needs a required float Tensor input (the outputs take its element type); "
                                     "declare index inputs with --dtypes NAME=int64")
+    if not sig.grad_inputs:
+        required = [a.name for a in args if a.is_float_tensor and not a.optional]
+        raise ValueError(f"opforge new-op: --no-grad {','.join(sig.no_grad)}: that leaves no float input with a "
+                         f"gradient (the required ones: {', '.join(required)}); keep at least one differentiable "
+                         "(new-op --schema writes a differentiable op)")
     return sig

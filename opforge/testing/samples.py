@@ -34,14 +34,21 @@ Tolerance = Union[None, float, Mapping[torch.dtype, float]]
 class Sample:
     """One valid call of the op: its torch-order arguments (tensors and attribute values).
 
-    ``batch``: names of the tensor arguments whose dim 0 is a shared batch dim, exported as
-    dynamic (ORT is then also run at twice the batch). Default: the first tensor argument
-    and every other tensor argument of exactly its shape; ``()`` exports static shapes only.
-    "Twice the batch": each batch tensor is concatenated along dim 0 with a copy flipped along
-    dim 0 and scaled elementwise by factors in [0.5, 1] (new values; signs kept, magnitudes only
-    shrunk, so a mask in [0, 1] or a positive scale stays valid), and the exported model's
-    output for it must equal the op's. An argument whose values must stay exact (indices, a
-    count) should not be in ``batch``.
+    ``batch``: names of the tensor arguments whose dim 0 is one shared batch dim (they must agree
+    in it), exported as dynamic: the export checks then also run ORT at twice the batch. Default:
+    the first tensor argument and every other tensor argument of exactly its shape; ``()``
+    exports static shapes only. Name only what really shares dim 0 (an NCHW input, not the K x 6
+    rois beside it, even where K happens to equal N).
+
+    How "twice the batch" is built (``opforge.testing.support._double_batch``): each ``batch``
+    tensor ``t`` becomes ``torch.cat([t, copy], dim=0)``, its size in dim 0 doubled, other dims
+    unchanged. ``copy`` is ``t.flip(0)``, and for a float tensor also multiplied elementwise by
+    factors drawn uniformly from [0.5, 1] (fixed seed): new values, yet signs kept and magnitudes
+    only shrunk, so a mask in [0, 1] or a positive scale stays valid. An integer or bool tensor is
+    flipped only. Every other argument is passed unchanged. The exported model's outputs on these
+    inputs must equal the torch op's on the same inputs. So leave out of ``batch`` what must stay
+    exact or consistent with other arguments (indices, counts, sorted values), or pass ``batch=()``.
+
     ``rtol``/``atol``: a number for every dtype or ``{dtype: tol}``, replacing the defaults.
     """
 

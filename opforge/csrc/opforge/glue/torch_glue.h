@@ -1,6 +1,8 @@
-// Glue between torch tensors and {{PKG}}'s compute cores (written by `opforge new-op --schema`; no
+// Glue between torch tensors and the compute cores of `opforge new-op --schema` packages (no
 // op-specific code): tensors prepared the way the cores read them, the cores' alloc(k, shape) over
-// the op's outputs, and ATen's intra-op pool as their parallel_for.
+// the op's outputs, and ATen's intra-op pool as their parallel_for. Installed with opforge and
+// included from there, like core_tensor.h; a package's kernels name it
+// `namespace torch_glue = opforge::torch_glue;`.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,10 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "core_tensor.h"
+#include "opforge/glue/core_tensor.h"
+#include "opforge/torch_shape_rule.h"  // known(dim) for c10::SymInt dims
 
-namespace {{PKG}} {
+namespace opforge {
 namespace torch_glue {
+inline namespace OPFORGE_GLUE_NAMESPACE {
 
 // The cores compute in float32 for the 16-bit dtypes (widened once, results rounded once) and in
 // float64 for float64.
@@ -34,8 +38,8 @@ inline at::Tensor prepared(const std::optional<at::Tensor>& t, std::optional<at:
 
 // A prepared tensor as the core's Input (present == false for an undefined one).
 template <typename T>
-core::Input<T> input(const at::Tensor& t) {
-  core::Input<T> in;
+glue::Input<T> input(const at::Tensor& t) {
+  glue::Input<T> in;
   in.present = t.defined();
   if (in.present) {
     in.data = t.const_data_ptr<T>();
@@ -45,9 +49,9 @@ core::Input<T> input(const at::Tensor& t) {
 }
 
 // A shape argument of an op's shape rule (SymInt[], SymInt[]? for an optional tensor) as the core's Shape.
-inline core::Shape<c10::SymInt> shape(c10::SymIntArrayRef dims) { return {dims.vec(), true}; }
-inline core::Shape<c10::SymInt> shape(const std::optional<c10::SymIntArrayRef>& dims) {
-  return dims.has_value() ? shape(*dims) : core::Shape<c10::SymInt>{{}, false};
+inline glue::Shape<c10::SymInt> shape(c10::SymIntArrayRef dims) { return {dims.vec(), true}; }
+inline glue::Shape<c10::SymInt> shape(const std::optional<c10::SymIntArrayRef>& dims) {
+  return dims.has_value() ? shape(*dims) : glue::Shape<c10::SymInt>{{}, false};
 }
 
 // The outputs' shapes as a shape rule op returns them: [rank0, dims0..., rank1, dims1...].
@@ -93,5 +97,6 @@ struct ParallelFor {
   }
 };
 
+}  // namespace OPFORGE_GLUE_NAMESPACE
 }  // namespace torch_glue
-}  // namespace {{PKG}}
+}  // namespace opforge

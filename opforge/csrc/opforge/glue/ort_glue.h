@@ -1,7 +1,8 @@
-// Glue between ONNX Runtime's lite custom-op API and {{PKG}}'s compute cores (written by
-// `opforge new-op --schema`; no op-specific code): node checks and attribute reads for session
-// creation, inputs as the cores read them, the cores' alloc(k, shape) over the node's outputs, and
-// the session's intra-op pool as their parallel_for.
+// Glue between ONNX Runtime's lite custom-op API and the compute cores of `opforge new-op --schema`
+// packages (no op-specific code): node checks and attribute reads for session creation, inputs as
+// the cores read them, the cores' alloc(k, shape) over the node's outputs, and the session's
+// intra-op pool as their parallel_for. Installed with opforge and included from there, like
+// core_tensor.h; a package's kernels name it `namespace ort_glue = opforge::ort_glue;`.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "core_tensor.h"
+#include "opforge/glue/core_tensor.h"
 #include "opforge/ort_op.h"
 
-namespace {{PKG}} {
+namespace opforge {
 namespace ort_glue {
+inline namespace OPFORGE_GLUE_NAMESPACE {
 
 // ---- session creation ----------------------------------------------------------------------
 
@@ -122,8 +124,8 @@ using compute_t =
 
 // A float input in the compute type: ORT's buffer itself, or a float32 copy kept in `keep`.
 template <typename T>
-core::Input<compute_t<T>> float_input(const Ort::Custom::Tensor<T>& t, std::list<std::vector<float>>& keep) {
-  core::Input<compute_t<T>> in;
+glue::Input<compute_t<T>> float_input(const Ort::Custom::Tensor<T>& t, std::list<std::vector<float>>& keep) {
+  glue::Input<compute_t<T>> in;
   in.shape = t.Shape();
   if constexpr (std::is_same_v<compute_t<T>, T>) {
     in.data = t.Data();
@@ -137,26 +139,26 @@ core::Input<compute_t<T>> float_input(const Ort::Custom::Tensor<T>& t, std::list
   return in;
 }
 template <typename T>
-core::Input<compute_t<T>> float_input(const std::optional<const Ort::Custom::Tensor<T>*>& t,
+glue::Input<compute_t<T>> float_input(const std::optional<const Ort::Custom::Tensor<T>*>& t,
                                       std::list<std::vector<float>>& keep) {
   if (t.has_value()) return float_input(**t, keep);
-  core::Input<compute_t<T>> absent;
+  glue::Input<compute_t<T>> absent;
   absent.present = false;
   return absent;
 }
 
 // An input of its own element type (an index tensor): ORT's buffer as it is.
 template <typename T>
-core::Input<T> typed_input(const Ort::Custom::Tensor<T>& t) {
-  core::Input<T> in;
+glue::Input<T> typed_input(const Ort::Custom::Tensor<T>& t) {
+  glue::Input<T> in;
   in.data = t.Data();
   in.shape = t.Shape();
   return in;
 }
 template <typename T>
-core::Input<T> typed_input(const std::optional<const Ort::Custom::Tensor<T>*>& t) {
+glue::Input<T> typed_input(const std::optional<const Ort::Custom::Tensor<T>*>& t) {
   if (t.has_value()) return typed_input(**t);
-  core::Input<T> absent;
+  glue::Input<T> absent;
   absent.present = false;
   return absent;
 }
@@ -225,5 +227,6 @@ struct ParallelFor {
   }
 };
 
+}  // namespace OPFORGE_GLUE_NAMESPACE
 }  // namespace ort_glue
-}  // namespace {{PKG}}
+}  // namespace opforge
