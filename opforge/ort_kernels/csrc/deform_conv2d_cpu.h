@@ -69,5 +69,22 @@ inline void deform_conv2d_run(OrtKernelContext* ctx, const core::DeformConv2dPar
   }
 }
 
+// The CPU EP's part of DeformConv2dKernel (ort_common.h) and of mmdeploy's
+// ModulatedDeformConvKernel: deform_conv2d_run; a null bias is none (zeros, as
+// torchvision adds for a node without one).
+struct DeformConv2dCpu {
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const char* /*op*/, const core::DeformConv2dParams& p, const T* input,
+                  const T* weight, const T* offset, const T* mask, const T* bias, T* out) const {
+    std::vector<T> zeros;
+    if (bias == nullptr) {
+      zeros.assign(static_cast<size_t>(p.out_channels), T{});
+      bias = zeros.data();
+    }
+    deform_conv2d_run<T>(ctx, p, input, weight, offset, mask, bias, out);
+    return Ort::Status(nullptr);
+  }
+};
+
 }  // namespace ort
 }  // namespace opforge

@@ -45,28 +45,8 @@ std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::
                                    dil_w, groups, offset_groups, use_mask, p);
 }
 
-template <typename T>
-struct DeformConv2dKernel : DeformConv2dAttrs {
-  DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) : DeformConv2dAttrs(info) {}
-
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& weight,
-                      const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
-                      const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& output) {
-    core::DeformConv2dParams p;
-    const std::string err = check(input.Shape(), weight.Shape(), offset.Shape(), mask.Shape(), bias.Shape(), p);
-    if (!err.empty()) return invalid_argument(err);
-    T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
-    deform_conv2d_run<T>(ctx, p, input.Data(), weight.Data(), offset.Data(), use_mask ? mask.Data() : nullptr,
-                         bias.Data(), out);
-    return Ort::Status(nullptr);
-  }
-};
-
 static void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<DeformConv2dKernel<T>>("deform_conv2d", kCpuEp));
-  });
+  append_float_kernels<DeformConv2dKernel, DeformConv2dCpu>(ops, "deform_conv2d", kCpuEp);
 }
 
 }  // namespace ort

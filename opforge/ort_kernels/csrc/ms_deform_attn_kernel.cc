@@ -6,7 +6,7 @@
 // float32 and round once (as the torch CPU kernel does).
 //
 // The index tensors are run-time data from the model or its caller: their
-// shapes and values are checked (core::ms_deform_attn_check_levels) before
+// shapes and values are checked (MsDeformAttnKernel in ort_common.h) before
 // anything is read with them; a bad one is an INVALID_ARGUMENT status.
 #include <type_traits>
 #include <vector>
@@ -39,44 +39,39 @@ Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::
   return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
 }
 
+Ort::Status ms_deform_attn_output_shape(const core::MsDeformAttnParams& p, const int64_t* spatial_shapes,
+                                        const int64_t* level_start_index, std::vector<int64_t>& shape) {
+  if (std::string err = core::ms_deform_attn_check_levels(p, spatial_shapes, level_start_index); !err.empty())
+    return invalid_argument(err);
+  int64_t out_dims[3];
+  core::ms_deform_attn_output_dims(p, out_dims);
+  shape.assign(out_dims, out_dims + 3);
+  return Ort::Status(nullptr);
+}
+
 namespace {
 
-template <typename T>
-struct MsDeformAttnKernel {
-  int64_t im2col_step;
+// The CPU EP's part: the core over the queries on ORT's intra-op pool; the index
+// tensors are host memory, read in place.
+struct MsDeformAttnCpu {
+  using Io = HostIo;
 
-  MsDeformAttnKernel(const OrtApi*, const OrtKernelInfo* info) : im2col_step(check_ms_deform_attn_node(info)) {}
-
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& value,
-                      const Ort::Custom::Tensor<int64_t>& spatial_shapes,
-                      const Ort::Custom::Tensor<int64_t>& level_start_index,
-                      const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
-                      Ort::Custom::Tensor<T>& output) {
-    core::MsDeformAttnParams p;
-    if (Ort::Status bad = ms_deform_attn_shapes(value.Shape(), spatial_shapes.Shape(), level_start_index.Shape(),
-                                                sampling_locations.Shape(), attention_weights.Shape(), im2col_step, p);
-        !bad.IsOK())
-      return bad;
-    // Shapes are known good: spatial_shapes holds 2*L and level_start_index L values (L >= 1).
-    const int64_t* shapes = spatial_shapes.Data();
-    const int64_t* starts = level_start_index.Data();
-    if (std::string err = core::ms_deform_attn_check_levels(p, shapes, starts); !err.empty())
-      return invalid_argument(err);
-    int64_t out_dims[3];
-    core::ms_deform_attn_output_dims(p, out_dims);
-    T* out = output.Allocate({out_dims[0], out_dims[1], out_dims[2]});
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const core::MsDeformAttnParams& p, const T* value, const int64_t* shapes,
+                  const int64_t* starts, const T* locations, const T* weights, T* out) const {
     const int64_t items = p.batch * p.queries;
-    if (items * out_dims[2] == 0) return Ort::Status(nullptr);
     const int64_t grain = core::ms_deform_attn_forward_grain(p);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const T *v = value.Data(), *loc = sampling_locations.Data(), *attn = attention_weights.Data();
       parallel_for(ctx, items, grain, [&](int64_t begin, int64_t end) {
-        core::ms_deform_attn_forward(p, v, shapes, starts, loc, attn, out, begin, end);
+        core::ms_deform_attn_forward(p, value, shapes, starts, locations, weights, out, begin, end);
       });
     } else {
-      const auto f = [&](const Ort::Custom::Tensor<T>& t) { return widened(ctx, t.Data(), t.NumberOfElement()); };
-      const std::vector<float> v = f(value), loc = f(sampling_locations), attn = f(attention_weights);
-      std::vector<float> y(static_cast<size_t>(items * out_dims[2]));
+      // value [N, S, M, D], sampling_locations [N, Lq, M, L, P, 2], attention_weights [N, Lq, M, L, P].
+      const int64_t samples = items * p.heads * p.points_per_head();
+      const std::vector<float> v = widened(ctx, value, static_cast<size_t>(p.batch * p.value_len * p.value_row()));
+      const std::vector<float> loc = widened(ctx, locations, static_cast<size_t>(2 * samples));
+      const std::vector<float> attn = widened(ctx, weights, static_cast<size_t>(samples));
+      std::vector<float> y(static_cast<size_t>(items * p.value_row()));
       parallel_for(ctx, items, grain, [&](int64_t begin, int64_t end) {
         core::ms_deform_attn_forward(p, v.data(), shapes, starts, loc.data(), attn.data(), y.data(), begin, end);
       });
@@ -93,10 +88,7 @@ struct MsDeformAttnKernel {
 }  // namespace
 
 static void append_ms_deform_attn_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<MsDeformAttnKernel<T>>("ms_deform_attn", kCpuEp));
-  });
+  append_float_kernels<MsDeformAttnKernel, MsDeformAttnCpu>(ops, "ms_deform_attn", kCpuEp);
 }
 
 }  // namespace ort

@@ -30,32 +30,25 @@ Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<i
 
 void check_my_add_node(const OrtKernelInfo* info) { check_node_arity(info, "opforge::my_add", {"A", "B"}); }
 
-template <typename T>
-struct MyAddKernel {
-  MyAddKernel(const OrtApi*, const OrtKernelInfo* info) { check_my_add_node(info); }
+namespace {
 
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
-                      Ort::Custom::Tensor<T>& out) {
-    core::BinaryPlan plan;
-    std::vector<int64_t> out_shape;
-    if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;
-    T* po = out.Allocate(out_shape);
-    if (plan.numel == 0) return Ort::Status(nullptr);
-
-    const auto* pa = core_ptr(a.Data());
-    const auto* pb = core_ptr(b.Data());
-    auto* pc = core_ptr(po);
+// The CPU EP's part: the core's broadcasting loop on ORT's intra-op pool.
+struct MyAddCpu {
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const core::BinaryPlan& plan, const T* a, const T* b, T* out) const {
+    const auto* pa = core_ptr(a);
+    const auto* pb = core_ptr(b);
+    auto* pc = core_ptr(out);
     parallel_for(ctx, plan.numel, core::kMyAddGrain,
                  [&](int64_t begin, int64_t end) { core::my_add_range(plan, pa, pb, pc, begin, end); });
     return Ort::Status(nullptr);
   }
 };
 
+}  // namespace
+
 static void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
-  // One kernel per element type under the same name: ORT picks by input type.
-  for_each_float_type([&](auto tag) {
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<MyAddKernel<decltype(tag)>>("my_add", kCpuEp));
-  });
+  append_float_kernels<MyAddKernel, MyAddCpu>(ops, "my_add", kCpuEp);
 }
 
 }  // namespace ort

@@ -35,39 +35,25 @@ Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vec
 
 namespace {
 
-template <typename T>
-Ort::Status nms_compute(OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
-                        const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
-                        Ort::Custom::Tensor<int64_t>& keep_out) {
-  core::NmsRotatedParams p;
-  const std::vector<int64_t> label_shape = labels ? labels->Shape() : std::vector<int64_t>{};
-  if (Ort::Status bad = nms_rotated_shapes(boxes.Shape(), scores.Shape(), labels ? &label_shape : nullptr,
-                                           iou_threshold, p);
-      !bad.IsOK())
-    return bad;
-  core::NmsRotatedPlan plan;
-  if (std::string err =
-          nms_rotated_host_plan(p, boxes.Data(), scores.Data(), labels ? labels->Data() : nullptr, plan);
-      !err.empty())
-    return invalid_argument(err);
-  const auto parallel = [ctx](int64_t total, int64_t grain, const auto& body) {
-    parallel_for(ctx, total, grain, body);
-  };
-  const std::vector<int64_t> keep = core::nms_rotated_suppress(p, plan, parallel);
-  int64_t* out = keep_out.Allocate({static_cast<int64_t>(keep.size())});
-  std::copy(keep.begin(), keep.end(), out);
-  return Ort::Status(nullptr);
-}
+// The CPU EP's part: the core's suppression, the later-box tests of each kept box
+// parallel on ORT's intra-op pool.
+struct NmsRotatedCpu {
+  using Io = HostIo;
+
+  Ort::Status suppress(OrtKernelContext* ctx, const core::NmsRotatedParams& p, const core::NmsRotatedPlan& plan,
+                       std::vector<int64_t>& keep) const {
+    const auto parallel = [ctx](int64_t total, int64_t grain, const auto& body) {
+      parallel_for(ctx, total, grain, body);
+    };
+    keep = core::nms_rotated_suppress(p, plan, parallel);
+    return Ort::Status(nullptr);
+  }
+};
 
 }  // namespace
 
 static void append_nms_rotated_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsRotatedKernel<T, nms_compute<T>>>("nms_rotated", kCpuEp));
-    ops.emplace_back(
-        Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T, nms_compute<T>>>("batched_nms_rotated", kCpuEp));
-  });
+  append_nms_rotated_kernels<NmsRotatedCpu>(ops, kCpuEp);
 }
 
 }  // namespace ort

@@ -1,9 +1,18 @@
 // Declarations shared by opforge's own ORT kernels (CPU and CUDA EP); the
 // generic glue is the public opforge/ort_op.h.
+//
+// Each of opforge's node forms has one lite-kernel template here, <Op>Kernel<T, Ep>:
+// it checks the node at kernel creation and, per run, the input shapes, the values of
+// the index inputs (read on the host through Ep::Io), allocates the output, and
+// leaves only the computation to Ep, the execution provider's part (the CPU one in
+// <op>_kernel.cc or <op>_cpu.h, the CUDA one under cuda/). So the CPU and CUDA EP
+// kernels of a node form accept the same nodes and inputs, with the same messages,
+// and give the same output shapes.
 #pragma once
 
 #include "opforge/ort_op.h"  // the public ORT glue every opforge-built library uses
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -50,10 +59,72 @@ std::vector<compute_t<T>> widened(OrtKernelContext* ctx, const T* data, size_t c
   return out;
 }
 
-// my_add's node check (kernel creation) and shape checks + broadcasting plan (CPU and CUDA kernels).
+// Registers Kernel<T, Args...> for every float type T under one op name and EP (ORT
+// picks the kernel by the node's input type). Args: the kernel template's other
+// arguments (the EP's part, the node form's name).
+template <template <typename...> class Kernel, typename... Args>
+void append_float_kernels(std::vector<LiteOpPtr>& ops, const char* name, const char* ep) {
+  for_each_float_type([&](auto tag) {
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<decltype(tag), Args...>>(name, ep));
+  });
+}
+
+// ---- the host side of a kernel -------------------------------------------------------
+// Some inputs are read on the host (index data checked before anything is indexed with
+// it, NMS boxes) and some outputs are written from it (NMS's kept indices). An Io does
+// both for one run, the same calls on every EP: fetch (a view of an input's values,
+// ready after wait()) and store (host values into an output). HostIo is the CPU EP's:
+// its tensors are host memory. The CUDA EP's copies (CudaHostIo, cuda/cuda_host_io.h).
+// `what` names the step in a failure's message, `op` the node form.
+
+// An input's values on the host: data points at the tensor's own memory, or into `copy`.
+template <typename T>
+struct HostView {
+  const T* data = nullptr;
+  std::vector<T> copy;
+};
+
+class HostIo {
+ public:
+  HostIo(OrtKernelContext*, const char*) {}
+  template <typename T>
+  Ort::Status fetch(const T* data, size_t, const char*, HostView<T>& view) {
+    view.data = data;
+    return Ort::Status(nullptr);
+  }
+  Ort::Status wait(const char*) { return Ort::Status(nullptr); }
+  template <typename T>
+  Ort::Status store(const T* values, size_t count, T* out, const char*) {
+    std::copy(values, values + count, out);
+    return Ort::Status(nullptr);
+  }
+};
+
+// ---- opforge::my_add -----------------------------------------------------------------
+// The node check (kernel creation) and the shape checks + broadcasting plan.
 void check_my_add_node(const OrtKernelInfo* info);
 Ort::Status my_add_plan(const std::vector<int64_t>& shape_a, const std::vector<int64_t>& shape_b,
                         std::vector<int64_t>& out_shape, core::BinaryPlan& plan);
+
+// ep.run(ctx, plan, a, b, out) computes a non-empty output.
+template <typename T, typename Ep>
+struct MyAddKernel {
+  Ep ep;
+
+  MyAddKernel(const OrtApi*, const OrtKernelInfo* info) { check_my_add_node(info); }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
+                      Ort::Custom::Tensor<T>& out) {
+    core::BinaryPlan plan;
+    std::vector<int64_t> out_shape;
+    if (Ort::Status error = my_add_plan(a.Shape(), b.Shape(), out_shape, plan); !error.IsOK()) return error;
+    T* po = out.Allocate(out_shape);
+    if (plan.numel == 0) return Ort::Status(nullptr);
+    return ep.run(ctx, plan, a.Data(), b.Data(), po);
+  }
+};
+
+// ---- opforge::deform_conv2d ----------------------------------------------------------
 
 // deform_conv2d's node attributes (the torch schema's int arguments) and
 // their check against the input shapes (core::deform_conv2d_check).
@@ -66,6 +137,29 @@ struct DeformConv2dAttrs {
                     const std::vector<int64_t>& bias, core::DeformConv2dParams& p) const;
 };
 
+// ep.run(ctx, op, p, input, weight, offset, mask or null, bias, out): the computation of
+// every node form meaning torchvision's deform_conv2d (DeformConv2dCpu in
+// deform_conv2d_cpu.h, DeformConv2dCuda in cuda/deform_conv2d_cuda.h).
+template <typename T, typename Ep>
+struct DeformConv2dKernel : DeformConv2dAttrs {
+  Ep ep;
+
+  DeformConv2dKernel(const OrtApi*, const OrtKernelInfo* info) : DeformConv2dAttrs(info) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& weight,
+                      const Ort::Custom::Tensor<T>& offset, const Ort::Custom::Tensor<T>& mask,
+                      const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& output) {
+    core::DeformConv2dParams p;
+    const std::string err = check(input.Shape(), weight.Shape(), offset.Shape(), mask.Shape(), bias.Shape(), p);
+    if (!err.empty()) return invalid_argument(err);
+    T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
+    return ep.run(ctx, "opforge::deform_conv2d", p, input.Data(), weight.Data(), offset.Data(),
+                  use_mask ? mask.Data() : nullptr, bias.Data(), out);
+  }
+};
+
+// ---- opforge::ms_deform_attn ---------------------------------------------------------
+
 // ms_deform_attn's node check at kernel creation (inputs, one output, the
 // im2col_step attribute); returns im2col_step.
 int64_t check_ms_deform_attn_node(const OrtKernelInfo* info);
@@ -75,6 +169,53 @@ Ort::Status ms_deform_attn_shapes(const std::vector<int64_t>& value, const std::
                                   const std::vector<int64_t>& sampling_locations,
                                   const std::vector<int64_t>& attention_weights, int64_t im2col_step,
                                   core::MsDeformAttnParams& p);
+// The level geometry's values (on the host) checked by core::ms_deform_attn_check_levels,
+// then the output's shape.
+Ort::Status ms_deform_attn_output_shape(const core::MsDeformAttnParams& p, const int64_t* spatial_shapes,
+                                        const int64_t* level_start_index, std::vector<int64_t>& shape);
+
+// The index tensors are run-time data from the model or its caller: their values are
+// checked on the host (Ep::Io) before anything is indexed with them; a bad one is an
+// INVALID_ARGUMENT status. ep.run(ctx, p, value, spatial_shapes, level_start_index,
+// sampling_locations, attention_weights, out) computes a non-empty output.
+template <typename T, typename Ep>
+struct MsDeformAttnKernel {
+  int64_t im2col_step;
+  Ep ep;
+
+  MsDeformAttnKernel(const OrtApi*, const OrtKernelInfo* info) : im2col_step(check_ms_deform_attn_node(info)) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& value,
+                      const Ort::Custom::Tensor<int64_t>& spatial_shapes,
+                      const Ort::Custom::Tensor<int64_t>& level_start_index,
+                      const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
+                      Ort::Custom::Tensor<T>& output) {
+    core::MsDeformAttnParams p;
+    if (Ort::Status bad = ms_deform_attn_shapes(value.Shape(), spatial_shapes.Shape(), level_start_index.Shape(),
+                                                sampling_locations.Shape(), attention_weights.Shape(), im2col_step, p);
+        !bad.IsOK())
+      return bad;
+    // Shapes are known good: spatial_shapes holds 2*L and level_start_index L values (L >= 1).
+    constexpr const char* kCopying = "copying spatial_shapes / level_start_index to the host";
+    typename Ep::Io io(ctx, "opforge::ms_deform_attn");
+    HostView<int64_t> shapes, starts;
+    if (Ort::Status s = io.fetch(spatial_shapes.Data(), static_cast<size_t>(2 * p.levels), kCopying, shapes);
+        !s.IsOK())
+      return s;
+    if (Ort::Status s = io.fetch(level_start_index.Data(), static_cast<size_t>(p.levels), kCopying, starts);
+        !s.IsOK())
+      return s;
+    if (Ort::Status s = io.wait(kCopying); !s.IsOK()) return s;
+    std::vector<int64_t> out_shape;
+    if (Ort::Status bad = ms_deform_attn_output_shape(p, shapes.data, starts.data, out_shape); !bad.IsOK()) return bad;
+    T* out = output.Allocate(out_shape);
+    if (out_shape[0] * out_shape[1] * out_shape[2] == 0) return Ort::Status(nullptr);
+    return ep.run(ctx, p, value.Data(), spatial_shapes.Data(), level_start_index.Data(), sampling_locations.Data(),
+                  attention_weights.Data(), out);
+  }
+};
+
+// ---- roi_align_rotated ---------------------------------------------------------------
 
 // roi_align_rotated's node attributes (the torch schema's scalar arguments; mmdeploy's
 // MMCVRoIAlignRotated has the same), checked at kernel creation, and their check with
@@ -120,6 +261,44 @@ struct RoiAlignRotatedAttrs {
   }
 };
 
+// opforge's own node form, as the kernel template takes a node form's name (OpName::value).
+struct RoiAlignRotatedOp {
+  static constexpr const char* value = "opforge::roi_align_rotated";
+};
+
+// The kernel of every node form meaning mmcv's roi_align_rotated; OpName::value names it
+// in errors. The rois are run-time data: their values are checked on the host (Ep::Io)
+// before anything is read with them, in the compute type. ep.run(ctx, op, p, input, rois,
+// host_rois (compute type), out) computes a non-empty output.
+template <typename T, typename OpName, typename Ep>
+struct RoiAlignRotatedKernel {
+  RoiAlignRotatedAttrs attrs;
+  Ep ep;
+
+  RoiAlignRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : attrs(info, OpName::value) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input,
+                      const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& output) {
+    core::RoiAlignRotatedParams p;
+    if (Ort::Status bad = attrs.check(input.Shape(), rois.Shape(), p); !bad.IsOK()) return bad;
+    typename Ep::Io io(ctx, OpName::value);
+    HostView<T> host;
+    const size_t roi_values = static_cast<size_t>(6 * p.rois);
+    if (Ort::Status s = io.fetch(rois.Data(), roi_values, "copying rois to the host", host); !s.IsOK()) return s;
+    if (Ort::Status s = io.wait("copying rois to the host"); !s.IsOK()) return s;
+    const std::vector<compute_t<T>> wide_rois = widened(host.data, roi_values);
+    if (std::string err = core::roi_align_rotated_check_rois(p, wide_rois.data()); !err.empty())
+      return invalid_argument(attrs.in_op_words(err));
+    int64_t dims[4];
+    core::roi_align_rotated_output_dims(p, dims);
+    T* out = output.Allocate({dims[0], dims[1], dims[2], dims[3]});
+    if (dims[0] * dims[1] * dims[2] * dims[3] == 0) return Ort::Status(nullptr);
+    return ep.run(ctx, OpName::value, p, input.Data(), rois.Data(), wide_rois.data(), out);
+  }
+};
+
+// ---- opforge::nms_rotated, opforge::batched_nms_rotated ------------------------------
+
 // nms_rotated's / batched_nms_rotated's node check at kernel creation (inputs,
 // one output, the iou_threshold attribute); returns iou_threshold.
 float check_nms_rotated_node(const OrtKernelInfo* info, bool batched);
@@ -127,41 +306,70 @@ float check_nms_rotated_node(const OrtKernelInfo* info, bool batched);
 Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
                                const std::vector<int64_t>* labels, float iou_threshold, core::NmsRotatedParams& p);
 
-// core::nms_rotated_prepare over host data of storage type T (CPU and CUDA EP kernels).
-template <typename T>
-std::string nms_rotated_host_plan(const core::NmsRotatedParams& p, const T* boxes, const T* scores,
-                                  const int64_t* labels, core::NmsRotatedPlan& plan) {
-  const auto wide_boxes = widened(boxes, static_cast<size_t>(5 * p.boxes));
-  const auto wide_scores = widened(scores, static_cast<size_t>(p.boxes));
-  return core::nms_rotated_prepare(p, wide_boxes.data(), wide_scores.data(), labels, plan);
+// Both node forms' run: the shapes checked, boxes, scores (and labels) read on the host
+// (Ep::Io) and ordered there (core::nms_rotated_prepare, in float64 geometry), the
+// suppression ep.suppress(ctx, p, plan, keep) -> Ort::Status, the kept indices stored.
+template <typename T, typename Ep>
+Ort::Status nms_rotated_run(Ep& ep, OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
+                            const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
+                            Ort::Custom::Tensor<int64_t>& keep_out) {
+  core::NmsRotatedParams p;
+  const std::vector<int64_t> label_shape = labels ? labels->Shape() : std::vector<int64_t>{};
+  if (Ort::Status bad = nms_rotated_shapes(boxes.Shape(), scores.Shape(), labels ? &label_shape : nullptr,
+                                           iou_threshold, p);
+      !bad.IsOK())
+    return bad;
+  const std::string op = core::nms_rotated_op_name(labels != nullptr);
+  typename Ep::Io io(ctx, op.c_str());
+  const size_t n = static_cast<size_t>(p.boxes);
+  HostView<T> host_boxes, host_scores;
+  HostView<int64_t> host_labels;
+  if (Ort::Status s = io.fetch(boxes.Data(), 5 * n, "copying boxes to the host", host_boxes); !s.IsOK()) return s;
+  if (Ort::Status s = io.fetch(scores.Data(), n, "copying scores to the host", host_scores); !s.IsOK()) return s;
+  if (labels)
+    if (Ort::Status s = io.fetch(labels->Data(), n, "copying idxs to the host", host_labels); !s.IsOK()) return s;
+  if (Ort::Status s = io.wait("synchronising the copies"); !s.IsOK()) return s;
+  core::NmsRotatedPlan plan;
+  const auto wide_boxes = widened(host_boxes.data, 5 * n);
+  const auto wide_scores = widened(host_scores.data, n);
+  if (std::string err = core::nms_rotated_prepare(p, wide_boxes.data(), wide_scores.data(), host_labels.data, plan);
+      !err.empty())
+    return invalid_argument(err);
+  std::vector<int64_t> keep;
+  if (Ort::Status s = ep.suppress(ctx, p, plan, keep); !s.IsOK()) return s;
+  int64_t* out = keep_out.Allocate({static_cast<int64_t>(keep.size())});
+  return io.store(keep.data(), keep.size(), out, "copying the kept indices to the device");
 }
 
-// The lite-op kernels of nms_rotated and batched_nms_rotated for one EP: Run is the EP's
-// computation, Run(ctx, iou_threshold, boxes, scores, labels or null, keep) -> Ort::Status.
-template <typename T, Ort::Status (*Run)(OrtKernelContext*, float, const Ort::Custom::Tensor<T>&,
-                                          const Ort::Custom::Tensor<T>&, const Ort::Custom::Tensor<int64_t>*,
-                                          Ort::Custom::Tensor<int64_t>&)>
+template <typename T, typename Ep>
 struct NmsRotatedKernel {
   float iou_threshold;
+  Ep ep;
   NmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
                       Ort::Custom::Tensor<int64_t>& keep) {
-    return Run(ctx, iou_threshold, boxes, scores, nullptr, keep);
+    return nms_rotated_run(ep, ctx, iou_threshold, boxes, scores, nullptr, keep);
   }
 };
 
-template <typename T, Ort::Status (*Run)(OrtKernelContext*, float, const Ort::Custom::Tensor<T>&,
-                                          const Ort::Custom::Tensor<T>&, const Ort::Custom::Tensor<int64_t>*,
-                                          Ort::Custom::Tensor<int64_t>&)>
+template <typename T, typename Ep>
 struct BatchedNmsRotatedKernel {
   float iou_threshold;
+  Ep ep;
   BatchedNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
       : iou_threshold(check_nms_rotated_node(info, true)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
                       const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
-    return Run(ctx, iou_threshold, boxes, scores, &idxs, keep);
+    return nms_rotated_run(ep, ctx, iou_threshold, boxes, scores, &idxs, keep);
   }
 };
+
+// Both node forms for one EP.
+template <typename Ep>
+void append_nms_rotated_kernels(std::vector<LiteOpPtr>& ops, const char* ep) {
+  append_float_kernels<NmsRotatedKernel, Ep>(ops, "nms_rotated", ep);
+  append_float_kernels<BatchedNmsRotatedKernel, Ep>(ops, "batched_nms_rotated", ep);
+}
 
 }  // namespace ort
 }  // namespace opforge

@@ -7,7 +7,7 @@
 // kernel does).
 //
 // The rois are run-time data from the model or its caller: their values are
-// checked (core::roi_align_rotated_check_rois) before anything is read with
+// checked (RoiAlignRotatedKernel in ort_common.h) before anything is read with
 // them; a bad one is an INVALID_ARGUMENT status. The computation is
 // roi_align_rotated_cpu.h, shared with mmdeploy's node form.
 #include <vector>
@@ -17,15 +17,8 @@
 namespace opforge {
 namespace ort {
 
-struct RoiAlignRotatedName {
-  static constexpr const char* value = "opforge::roi_align_rotated";
-};
-
 static void append_roi_align_rotated_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<RoiAlignRotatedCpuKernel<T, RoiAlignRotatedName>>("roi_align_rotated", kCpuEp));
-  });
+  append_float_kernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCpu>(ops, "roi_align_rotated", kCpuEp);
 }
 
 }  // namespace ort

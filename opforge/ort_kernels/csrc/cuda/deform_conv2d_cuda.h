@@ -104,5 +104,29 @@ inline Ort::Status deform_conv2d_cuda_run(OrtKernelContext* ctx, CublasHandle& c
   return Ort::Status(nullptr);
 }
 
+// The CUDA EP's part of DeformConv2dKernel (ort_common.h) and of mmdeploy's
+// ModulatedDeformConvKernel: deform_conv2d_cuda_run with the kernel's cuBLAS handle; a
+// null bias is none (zeros on the device, as torchvision adds for a node without one).
+struct DeformConv2dCuda {
+  CublasHandle cublas;
+
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const char* op, const core::DeformConv2dParams& p, const T* input,
+                  const T* weight, const T* offset, const T* mask, const T* bias, T* out) {
+    if (bias != nullptr) return deform_conv2d_cuda_run<T>(ctx, cublas, op, p, input, weight, offset, mask, bias, out);
+    if (p.batch == 0) return Ort::Status(nullptr);
+    const InputDeviceGuard device(ctx);
+    const cudaStream_t stream = compute_stream(ctx);
+    // All-zero bits are 0 in every float type.
+    const size_t bytes = static_cast<size_t>(p.out_channels) * sizeof(T);
+    StreamScratch zeros(bytes, stream);
+    cudaError_t ce = zeros.status();
+    if (ce == cudaSuccess) ce = cudaMemsetAsync(zeros.get(), 0, bytes, stream);
+    if (Ort::Status s = cuda_status(ce, op, "zero bias"); !s.IsOK()) return s;
+    return deform_conv2d_cuda_run<T>(ctx, cublas, op, p, input, weight, offset, mask,
+                                     static_cast<const T*>(zeros.get()), out);
+  }
+};
+
 }  // namespace ort
 }  // namespace opforge

@@ -7,16 +7,9 @@
 namespace opforge {
 namespace ort {
 
-struct RoiAlignRotatedCudaName {
-  static constexpr const char* value = "opforge::roi_align_rotated";
-};
-
 static void append_roi_align_rotated_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<RoiAlignRotatedCudaKernel<T, RoiAlignRotatedCudaName>>(
-        "roi_align_rotated", kCudaEp));
-  });
+  append_float_kernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCuda>(ops, "roi_align_rotated",
+                                                                                      kCudaEp);
 }
 
 }  // namespace ort

@@ -22,30 +22,22 @@ namespace mmdeploy {
 
 namespace {
 
-template <typename T>
-struct GridSamplerKernel : GridSamplerAttrs {
-  GridSamplerKernel(const OrtApi*, const OrtKernelInfo* info) : GridSamplerAttrs(info) {}
-
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& grid,
-                      Ort::Custom::Tensor<T>& output) {
-    core::GridSampleParams p;
-    if (Ort::Status bad = check(input.Shape(), grid.Shape(), p); !bad.IsOK()) return bad;
-    int64_t dims[4];
-    core::grid_sample_output_dims(p, dims);
-    T* out = output.Allocate({dims[0], dims[1], dims[2], dims[3]});
+// The CPU EP's part: the core over (image, pixel block, channel block) items on ORT's
+// intra-op pool.
+struct GridSamplerCpu {
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const core::GridSampleParams& p, const T* input, const T* grid,
+                  T* out) const {
     const core::GridSampleWork work = core::grid_sample_work(p);
-    if (work.items == 0) return Ort::Status(nullptr);  // empty output
     auto* dst = core_ptr(out);
     using Core = std::remove_pointer_t<decltype(dst)>;
     if constexpr (std::is_same_v<Core, float> || std::is_same_v<Core, double>) {
-      const Core* x = input.Data();
-      const Core* g = grid.Data();
       parallel_for(ctx, work.items, 1, [&](int64_t begin, int64_t end) {
-        core::grid_sample_forward<Core, Core>(p, work, x, g, dst, begin, end);
+        core::grid_sample_forward<Core, Core>(p, work, input, grid, dst, begin, end);
       });
     } else {
-      const std::vector<float> x = widened(ctx, input.Data(), static_cast<size_t>(p.batch * p.channels * p.in_plane()));
-      const std::vector<float> g = widened(ctx, grid.Data(), static_cast<size_t>(p.batch * p.out_plane() * 2));
+      const std::vector<float> x = widened(ctx, input, static_cast<size_t>(p.batch * p.channels * p.in_plane()));
+      const std::vector<float> g = widened(ctx, grid, static_cast<size_t>(p.batch * p.out_plane() * 2));
       parallel_for(ctx, work.items, 1, [&](int64_t begin, int64_t end) {
         core::grid_sample_forward<float, Core>(p, work, x.data(), g.data(), dst, begin, end);
       });
@@ -57,10 +49,7 @@ struct GridSamplerKernel : GridSamplerAttrs {
 }  // namespace
 
 static void append_grid_sampler_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GridSamplerKernel<T>>(kGridSampler, kCpuEp));
-  });
+  append_float_kernels<GridSamplerKernel, GridSamplerCpu>(ops, kGridSampler, kCpuEp);
 }
 
 }  // namespace mmdeploy

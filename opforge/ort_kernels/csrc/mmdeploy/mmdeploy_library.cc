@@ -19,7 +19,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-static bool serves(const std::string& domain, const char* op_name) {
+// Unused in the CUDA companion's build: its entry point hands every kernel to the
+// library proper, which sorts them into domains with this.
+[[maybe_unused]] static bool serves(const std::string& domain, const char* op_name) {
   if (domain == kMmdeployDomain) return true;
   return domain == kMmcvDomain && std::strcmp(op_name, kModulatedDeformConv) == 0;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "opforge/ort_op.h"
+#include "ort_common.h"  // opforge's kernel helpers and the node forms mmdeploy shares with opforge
 
 namespace opforge {
 namespace ort {
@@ -23,6 +24,15 @@ inline constexpr const char* kModulatedDeformConv = "MMCVModulatedDeformConv2d";
 inline constexpr const char* kRoiAlignRotated = "MMCVRoIAlignRotated";
 inline constexpr const char* kNmsRotated = "NMSRotated";
 inline constexpr const char* kNmsMatch = "NMSMatch";
+
+// The names errors give the node forms (domain::op; grid_sampler's is core::kGridSampleOp).
+inline constexpr const char* kModulatedDeformConvOp = "mmdeploy::MMCVModulatedDeformConv2d";
+inline constexpr const char* kNmsRotatedOp = "mmdeploy::NMSRotated";
+inline constexpr const char* kNmsMatchOp = "mmdeploy::NMSMatch";
+// MMCVRoIAlignRotated's, as opforge's RoiAlignRotatedKernel takes it (OpName::value).
+struct MmcvRoiAlignRotatedOp {
+  static constexpr const char* value = "mmdeploy::MMCVRoIAlignRotated";
+};
 
 // ORT's attribute getters: the scalar ones check the attribute's type (and fail when
 // it is absent), but the list one does not: for a present attribute of any type it

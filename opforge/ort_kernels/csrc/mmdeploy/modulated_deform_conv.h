@@ -11,7 +11,7 @@
 // for groups > 1 with deform_groups > 1 and when (C/groups)*kh*kw is not a multiple
 // of 8, and crashes on INT attributes; these are not.
 //
-// The node's attributes and shape check, shared by the CPU and CUDA EP kernels.
+// The node's attributes, shape check and kernel, shared by the CPU and CUDA EP kernels.
 #pragma once
 
 #include <optional>
@@ -24,8 +24,6 @@
 namespace opforge {
 namespace ort {
 namespace mmdeploy {
-
-inline constexpr const char* kModulatedDeformConvOp = "mmdeploy::MMCVModulatedDeformConv2d";
 
 // opforge's messages name opforge::deform_conv2d and its offset_groups; say what this node calls them.
 inline std::string in_mmdeploy_words(std::string msg) {
@@ -91,6 +89,29 @@ Ort::Status check_modulated_deform_conv_inputs(const ModulatedDeformConvAttrs& a
       a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, a.deform_groups, /*use_mask=*/true, p);
   return err.empty() ? Ort::Status(nullptr) : invalid_argument(in_mmdeploy_words(err));
 }
+
+// The node's kernel: ep.run(ctx, op, p, input, weight, offset, mask, bias or null, out) is
+// opforge::deform_conv2d's computation for the EP (DeformConv2dCpu in deform_conv2d_cpu.h,
+// DeformConv2dCuda in cuda/deform_conv2d_cuda.h); a node without bias adds zeros.
+template <typename T, typename Ep>
+struct ModulatedDeformConvKernel : ModulatedDeformConvAttrs {
+  Ep ep;
+
+  ModulatedDeformConvKernel(const OrtApi*, const OrtKernelInfo* info) : ModulatedDeformConvAttrs(info) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& offset,
+                      const Ort::Custom::Tensor<T>& mask, const Ort::Custom::Tensor<T>& weight,
+                      std::optional<const Ort::Custom::Tensor<T>*> bias, Ort::Custom::Tensor<T>& output) {
+    core::DeformConv2dParams p;
+    const T* bias_data = nullptr;
+    if (Ort::Status bad = check_modulated_deform_conv_inputs(*this, input, offset, mask, weight, bias, p, &bias_data);
+        !bad.IsOK())
+      return bad;
+    T* out = output.Allocate({p.batch, p.out_channels, p.out_h, p.out_w});
+    return ep.run(ctx, kModulatedDeformConvOp, p, input.Data(), weight.Data(), offset.Data(), mask.Data(), bias_data,
+                  out);
+  }
+};
 
 }  // namespace mmdeploy
 }  // namespace ort

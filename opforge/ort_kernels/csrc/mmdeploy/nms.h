@@ -9,10 +9,11 @@
 //                                  the boxes' type in a float16-converted model)
 //                         output  int64 [K,4] rows (batch, class, leader, member)
 //
-// No rows is a (0, 3) / (0, 4) output. Both EPs compute the rows on the host from
-// host copies of boxes and scores (the CUDA EP copies them there), the (image,
-// class) pairs in parallel on ORT's intra-op pool (a single pair: its suppression
-// is); rows come out in pair order. 16-bit boxes and scores are widened exactly.
+// No rows is a (0, 3) / (0, 4) output. Both EPs run the same kernels: the rows are
+// computed on the host from host copies of boxes and scores (the Io: HostIo on the
+// CPU EP; CudaHostIo copies them there and the rows back), the (image, class) pairs
+// in parallel on ORT's intra-op pool (a single pair: its suppression is); rows come
+// out in pair order. 16-bit boxes and scores are widened exactly.
 #pragma once
 
 #include <algorithm>
@@ -26,9 +27,6 @@
 namespace opforge {
 namespace ort {
 namespace mmdeploy {
-
-inline constexpr const char* kNmsRotatedOp = "mmdeploy::NMSRotated";
-inline constexpr const char* kNmsMatchOp = "mmdeploy::NMSMatch";
 
 // Tasks the (image, class) pairs are split into, at most: each task keeps its rows and
 // its first error, so the memory besides the rows does not grow with the pair count.
@@ -137,15 +135,85 @@ Ort::Status nms_match_rows(OrtKernelContext* ctx, const core::NmsMulticlassParam
   return err.empty() ? Ort::Status(nullptr) : invalid_argument(err);
 }
 
-// Registers kernel<T, U> for every float T with U = float32 and, for the other types,
-// U = T: the thresholds are float32 Constants, and a float16 conversion gives them the
-// boxes' type.
-template <template <typename, typename> class Kernel>
-void append_nms_match_kernels(std::vector<LiteOpPtr>& ops, const char* ep) {
+// Boxes (box_width values each) and scores of checked shapes on the host.
+template <typename T, typename Io>
+Ort::Status fetch_boxes_scores(Io& io, const core::NmsMulticlassParams& p, int64_t box_width,
+                               const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                               HostView<T>& host_boxes, HostView<T>& host_scores) {
+  if (Ort::Status s = io.fetch(boxes.Data(), static_cast<size_t>(p.batch * p.boxes * box_width),
+                               "copying boxes to the host", host_boxes);
+      !s.IsOK())
+    return s;
+  if (Ort::Status s = io.fetch(scores.Data(), static_cast<size_t>(p.pairs() * p.boxes), "copying scores to the host",
+                               host_scores);
+      !s.IsOK())
+    return s;
+  return io.wait("synchronising the copies");
+}
+
+// The rows (width columns) as the node's int64 output.
+template <typename Io>
+Ort::Status write_rows(Io& io, const std::vector<int64_t>& rows, int64_t width, Ort::Custom::Tensor<int64_t>& output) {
+  int64_t* out = output.Allocate({static_cast<int64_t>(rows.size()) / width, width});
+  return io.store(rows.data(), rows.size(), out, "copying the rows to the device");
+}
+
+// NMSRotated's kernel (named apart from opforge::ort::NmsRotatedKernel, opforge's own node form).
+template <typename T, typename Io>
+struct MmdeployNmsRotatedKernel : NmsRotatedAttrs {
+  MmdeployNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : NmsRotatedAttrs(info) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      Ort::Custom::Tensor<int64_t>& output) {
+    core::NmsMulticlassParams p;
+    if (Ort::Status bad = check(boxes.Shape(), scores.Shape(), p); !bad.IsOK()) return bad;
+    Io io(ctx, kNmsRotatedOp);
+    HostView<T> host_boxes, host_scores;
+    if (Ort::Status s = fetch_boxes_scores(io, p, 5, boxes, scores, host_boxes, host_scores); !s.IsOK()) return s;
+    std::vector<int64_t> rows;
+    if (Ort::Status bad = nms_rotated_rows(ctx, p, host_boxes.data, host_scores.data, rows); !bad.IsOK()) return bad;
+    return write_rows(io, rows, 3, output);
+  }
+};
+
+// NMSMatch's kernel; U: the thresholds' type.
+template <typename T, typename U, typename Io>
+struct NmsMatchKernel {
+  NmsMatchKernel(const OrtApi*, const OrtKernelInfo* info) { check_nms_match_node(info); }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      const Ort::Custom::Tensor<U>& iou_threshold, const Ort::Custom::Tensor<U>& score_threshold,
+                      Ort::Custom::Tensor<int64_t>& output) {
+    if (Ort::Status bad = check_nms_match_thresholds(iou_threshold, score_threshold); !bad.IsOK()) return bad;
+    Io io(ctx, kNmsMatchOp);
+    HostView<U> iou_value, score_value;
+    if (Ort::Status s = io.fetch(iou_threshold.Data(), 1, "copying iou_threshold", iou_value); !s.IsOK()) return s;
+    if (Ort::Status s = io.fetch(score_threshold.Data(), 1, "copying score_threshold", score_value); !s.IsOK())
+      return s;
+    if (Ort::Status s = io.wait("synchronising the copies"); !s.IsOK()) return s;
+    const double iou = core::load(*core_ptr(iou_value.data));
+    const double score = core::load(*core_ptr(score_value.data));
+    core::NmsMulticlassParams p;
+    if (Ort::Status bad = check_nms_match(boxes.Shape(), scores.Shape(), iou, score, p); !bad.IsOK()) return bad;
+    HostView<T> host_boxes, host_scores;
+    if (Ort::Status s = fetch_boxes_scores(io, p, 4, boxes, scores, host_boxes, host_scores); !s.IsOK()) return s;
+    std::vector<int64_t> rows;
+    if (Ort::Status bad = nms_match_rows(ctx, p, host_boxes.data, host_scores.data, rows); !bad.IsOK()) return bad;
+    return write_rows(io, rows, 4, output);
+  }
+};
+
+// Both node forms' kernels for one EP. NMSMatch: for every float T with U = float32 and,
+// for the other types, U = T: the thresholds are float32 Constants, and a float16
+// conversion gives them the boxes' type.
+template <typename Io>
+void append_nms_kernels(std::vector<LiteOpPtr>& ops, const char* ep) {
+  append_float_kernels<MmdeployNmsRotatedKernel, Io>(ops, kNmsRotated, ep);
   for_each_float_type([&](auto tag) {
     using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<T, float>>(kNmsMatch, ep));
-    if constexpr (!std::is_same_v<T, float>) ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<T, T>>(kNmsMatch, ep));
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsMatchKernel<T, float, Io>>(kNmsMatch, ep));
+    if constexpr (!std::is_same_v<T, float>)
+      ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NmsMatchKernel<T, T, Io>>(kNmsMatch, ep));
   });
 }
 

@@ -16,16 +16,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-struct RoiAlignRotatedName {
-  static constexpr const char* value = "mmdeploy::MMCVRoIAlignRotated";
-};
-
 static void append_roi_align_rotated_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(
-        Ort::Custom::CreateLiteCustomOp<RoiAlignRotatedCpuKernel<T, RoiAlignRotatedName>>(kRoiAlignRotated, kCpuEp));
-  });
+  append_float_kernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCpu>(ops, kRoiAlignRotated,
+                                                                                         kCpuEp);
 }
 
 }  // namespace mmdeploy

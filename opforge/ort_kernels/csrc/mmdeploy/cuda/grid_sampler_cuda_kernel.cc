@@ -1,5 +1,5 @@
-// The CUDA EP kernel of mmdeploy::grid_sampler (node form: grid_sampler.h): one
-// thread per output element running the CPU kernel's per-point arithmetic
+// The CUDA EP kernel of mmdeploy::grid_sampler (node form and checks: grid_sampler.h):
+// one thread per output element running the CPU kernel's per-point arithmetic
 // (core/grid_sample.h: grid_sample_point) on ORT's compute stream; 16-bit types
 // accumulate in float32. The grid stays on the device: every coordinate is clamped
 // before it becomes an index, so no grid value needs a host-side check.
@@ -15,21 +15,13 @@ namespace mmdeploy {
 
 namespace {
 
-template <typename T>
-struct GridSamplerCudaKernel : GridSamplerAttrs {
-  GridSamplerCudaKernel(const OrtApi*, const OrtKernelInfo* info) : GridSamplerAttrs(info) {}
-
-  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input, const Ort::Custom::Tensor<T>& grid,
-                      Ort::Custom::Tensor<T>& output) {
-    core::GridSampleParams p;
-    if (Ort::Status bad = check(input.Shape(), grid.Shape(), p); !bad.IsOK()) return bad;
-    int64_t dims[4];
-    core::grid_sample_output_dims(p, dims);
-    T* out = output.Allocate({dims[0], dims[1], dims[2], dims[3]});
-    if (dims[0] * dims[1] * dims[2] * dims[3] == 0) return Ort::Status(nullptr);
+// The CUDA EP's part: the shared CUDA core on ORT's compute stream.
+struct GridSamplerCuda {
+  template <typename T>
+  Ort::Status run(OrtKernelContext* ctx, const core::GridSampleParams& p, const T* input, const T* grid,
+                  T* out) const {
     const InputDeviceGuard device(ctx);
-    return cuda_status(core::cuda::grid_sample_forward(gpu_dtype<T>(), p, input.Data(), grid.Data(), out,
-                                                       compute_stream(ctx)),
+    return cuda_status(core::cuda::grid_sample_forward(gpu_dtype<T>(), p, input, grid, out, compute_stream(ctx)),
                        core::kGridSampleOp, "CUDA kernel launch");
   }
 };
@@ -37,10 +29,7 @@ struct GridSamplerCudaKernel : GridSamplerAttrs {
 }  // namespace
 
 static void append_grid_sampler_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GridSamplerCudaKernel<T>>(kGridSampler, kCudaEp));
-  });
+  append_float_kernels<GridSamplerKernel, GridSamplerCuda>(ops, kGridSampler, kCudaEp);
 }
 
 }  // namespace mmdeploy

@@ -9,16 +9,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-struct RoiAlignRotatedCudaName {
-  static constexpr const char* value = "mmdeploy::MMCVRoIAlignRotated";
-};
-
 static void append_roi_align_rotated_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  for_each_float_type([&](auto tag) {
-    using T = decltype(tag);
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<RoiAlignRotatedCudaKernel<T, RoiAlignRotatedCudaName>>(
-        kRoiAlignRotated, kCudaEp));
-  });
+  append_float_kernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCuda>(ops, kRoiAlignRotated,
+                                                                                          kCudaEp);
 }
 
 }  // namespace mmdeploy
