@@ -12,17 +12,19 @@ Target: <= 20 us/node. Never used to gate CI.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import opforge
-from timing import round_robin
 from opforge.aten.fallback import ATEN_DOMAIN
+from timing import bench_parser, cpu_session, ort_options, report, round_robin
+
+#: (label, result key, unit) of each row of the table
+ROWS = [("ORT ATen node (libopforge_aten)", "ort_aten_us_per_node", "us/node"),
+        ("eager torch call", "eager_torch_us_per_call", "us/call"),
+        ("ORT native Abs node (reference)", "ort_native_abs_us_per_node", "us/node"),
+        ("overhead vs eager torch", "overhead_us_per_node", "us/node (target <= 20)")]
 
 
 def chain_model(n: int, aten: bool):
@@ -44,21 +46,16 @@ def chain_model(n: int, aten: bool):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=200, threads=None)
     p.add_argument("--nodes", type=int, default=64)
     p.add_argument("--numel", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
     x = torch.rand(args.numel)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    aten = opforge.ort_session(chain_model(args.nodes, True), so, register_opforge=False, register_aten=True)
-    so2 = ort.SessionOptions()
-    so2.intra_op_num_threads = 1
-    native = ort.InferenceSession(chain_model(args.nodes, False).SerializeToString(), so2, providers=["CPUExecutionProvider"])
+    aten = opforge.ort_session(chain_model(args.nodes, True), ort_options(1), register_opforge=False,
+                               register_aten=True)
+    native = cpu_session(chain_model(args.nodes, False), 1)
     feeds = {"x": x.numpy()}
 
     def eager():
@@ -80,15 +77,13 @@ def main(argv=None) -> dict:
         "ort_native_abs_us_per_node": t_native / n * 1e6,
         "overhead_us_per_node": (t_aten - t_eager) / n * 1e6,
     }
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    print(f"ATen fallback per-node cost, chain of {n} logcumsumexp nodes on {args.numel} floats, 1 thread (medians)")
-    print(f"  ORT ATen node (libopforge_aten)   {r['ort_aten_us_per_node']:7.2f} us/node")
-    print(f"  eager torch call                  {r['eager_torch_us_per_call']:7.2f} us/call")
-    print(f"  ORT native Abs node (reference)   {r['ort_native_abs_us_per_node']:7.2f} us/node")
-    print(f"  overhead vs eager torch           {r['overhead_us_per_node']:7.2f} us/node (target <= 20)")
-    return r
+
+    def table(r):
+        print(f"ATen fallback per-node cost, chain of {n} logcumsumexp nodes on {args.numel} floats, 1 thread (medians)")
+        for label, key, unit in ROWS:
+            print(f"  {label:<33} {r[key]:7.2f} {unit}")
+
+    return report(r, args.json, table)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Never used to gate CI.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,6 +22,7 @@ import torch
 import torchvision
 
 import opforge
+from timing import bench_parser
 
 
 def cuda_round_robin(candidates, repeats, warmup=3):
@@ -115,12 +115,10 @@ def ort_case(n, c, s, repeats):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=50, threads=None)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--size", type=int, default=56)
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_cuda: no CUDA GPU visible to torch (torch.cuda.is_available() is False)")

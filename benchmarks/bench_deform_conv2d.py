@@ -13,34 +13,20 @@ Never used to gate CI.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
-import onnxruntime as ort
 import torch
 import torchvision
-from onnx import TensorProto
 
 import opforge
-from opforge.testing import node_model
-from timing import round_robin
-
-
-def single_node(op_type, domain, inputs, attrs, opsets):
-    return node_model(op_type, [(n, TensorProto.FLOAT) for n in inputs], [("y", TensorProto.FLOAT)], domain=domain,
-                      opsets=dict(opsets), **attrs)
+from timing import bench_parser, cpu_session, float_node_model, ort_options, print_ms, report, round_robin
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=15)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--size", type=int, default=56)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--tv-repeats", type=int, default=3, help="rounds for the (slow) torchvision candidates")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -57,20 +43,11 @@ def main(argv=None) -> dict:
     # ONNX Runtime
     feeds = {"input": x.numpy(), "weight": w.numpy(), "offset": off.numpy(), "mask": mask.numpy(), "bias": b.numpy()}
     attrs = dict(stride_h=1, stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, groups=1, offset_groups=1, use_mask=1)
-    def options():
-        # Two sessions = two thread pools on the same cores: with spinning on, the idle pool's
-        # spinning threads steal the cores from the running one. Same settings for both.
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return so
-
-    ours = opforge.ort_session(single_node("deform_conv2d", "opforge", list(feeds), attrs, [("", 19), ("opforge", 1)]),
-                               options())
-    builtin = ort.InferenceSession(
-        single_node("DeformConv", "", ["input", "weight", "offset", "bias", "mask"],
-                    dict(pads=[1, 1, 1, 1], strides=[1, 1], dilations=[1, 1], group=1, offset_group=1), [("", 19)]
-                    ).SerializeToString(), options(), providers=["CPUExecutionProvider"])
+    ours = opforge.ort_session(float_node_model("deform_conv2d", "opforge", list(feeds), attrs,
+                                                [("", 19), ("opforge", 1)]), ort_options(args.threads))
+    builtin = cpu_session(float_node_model("DeformConv", "", ["input", "weight", "offset", "bias", "mask"],
+                                           dict(pads=[1, 1, 1, 1], strides=[1, 1], dilations=[1, 1], group=1,
+                                                offset_group=1), [("", 19)]), args.threads)
     np.testing.assert_allclose(ours.run(None, feeds)[0], builtin.run(None, feeds)[0], rtol=1e-3, atol=1e-3)
     ort_ms = round_robin({"ORT opforge::deform_conv2d": lambda: ours.run(None, feeds),
                           "ORT built-in DeformConv": lambda: builtin.run(None, feeds)}, args.repeats)
@@ -106,17 +83,19 @@ def main(argv=None) -> dict:
         "speedup_forward_vs_torchvision": fwd_ms["torchvision forward"] / fwd_ms["opforge forward"],
         "speedup_fwd_bwd_vs_torchvision": fb_ms["torchvision forward+backward"] / fb_ms["opforge forward+backward"],
     }
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    print(f"deform_conv2d N={n} C={c}->{c} {s}x{s} k=3 pad=1 mask, float32, {args.threads} threads (medians)")
-    for name, ms in {**ort_ms, **fwd_ms, **fb_ms}.items():
-        print(f"  {name:<30} {ms:9.2f} ms")
-    print(f"  ORT: opforge / built-in DeformConv        = {r['ort_vs_builtin']:.2f}x (target <= 1.0x)")
-    print(f"  torch forward: opforge / conv2d           = {r['forward_vs_conv2d']:.2f}x (target <= 1.4x)")
-    print(f"  torch forward: speed-up vs torchvision    = {r['speedup_forward_vs_torchvision']:.1f}x (target >= 10x)")
-    print(f"  forward+backward: speed-up vs torchvision = {r['speedup_fwd_bwd_vs_torchvision']:.1f}x (target >= 10x)")
-    return r
+
+    def table(r):
+        print(f"deform_conv2d N={n} C={c}->{c} {s}x{s} k=3 pad=1 mask, float32, {args.threads} threads (medians)")
+        print_ms({**ort_ms, **fwd_ms, **fb_ms}, 30)
+        for label, key, fmt, target in (("ORT: opforge / built-in DeformConv", "ort_vs_builtin", ".2f", "<= 1.0x"),
+                                        ("torch forward: opforge / conv2d", "forward_vs_conv2d", ".2f", "<= 1.4x"),
+                                        ("torch forward: speed-up vs torchvision", "speedup_forward_vs_torchvision",
+                                         ".1f", ">= 10x"),
+                                        ("forward+backward: speed-up vs torchvision", "speedup_fwd_bwd_vs_torchvision",
+                                         ".1f", ">= 10x")):
+            print(f"  {label:<41} = {r[key]:{fmt}}x (target {target})")
+
+    return report(r, args.json, table)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,13 @@ bytes, which this script checks before it times anything.
 
 from __future__ import annotations
 
-import argparse
-import json
 import warnings
 
 import torch
 
 import opforge
 from opforge.symbolics import dynamo as dynamo_rules
-from timing import round_robin
+from timing import bench_parser, print_ms, report, round_robin
 
 warnings.simplefilter("ignore")
 
@@ -38,10 +36,8 @@ class SmallModel(torch.nn.Module):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed exports per candidate (median reported)")
+    parser = bench_parser(__doc__, repeats=5, threads=None, repeats_help="timed exports per candidate (median reported)")
     parser.add_argument("--opset", type=int, default=18)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
 
     model = SmallModel().eval()
@@ -62,13 +58,13 @@ def main(argv=None) -> int:
     ms = round_robin({"torch.onnx.export": torch_export, "opforge.export": opforge_export}, args.repeats, warmup=1)
     result = {"opset": args.opset, "ms": ms, "same_model": same,
               "speedup_vs_torch": ms["torch.onnx.export"] / ms["opforge.export"]}
-    if args.json:
-        print(json.dumps(result))
-    else:
+
+    def table(r):
         print(f"dynamo export of a conv + opforge.my_add + linear model, opset {args.opset}, median of {args.repeats}:")
-        for name, value in ms.items():
-            print(f"  {name:<18} {value:8.1f} ms")
-        print(f"  speedup vs torch.onnx.export: {result['speedup_vs_torch']:.2f}x (same model bytes: {same})")
+        print_ms(r["ms"], 18, "8.1f")
+        print(f"  speedup vs torch.onnx.export: {r['speedup_vs_torch']:.2f}x (same model bytes: {r['same_model']})")
+
+    report(result, args.json, table)
     return 0
 
 

@@ -17,38 +17,15 @@ mmdeploy's own library is not timed: it needs its bundled ONNX Runtime 1.15 in t
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
-import onnxruntime as ort
 import torch
 import torchvision
-from onnx import TensorProto
 
 import opforge
-from opforge.testing import node_model
-from timing import round_robin
+from timing import bench_parser, cpu_session, float_node_model, report, round_robin
 
 TARGETS = {"ratio_vs_opforge": 1.0}  # mmdeploy node time / opforge node time, at most
 QUICK = dict(batch=1, channels=8, size=12, repeats=2)
-
-
-def single_node(op_type, domain, inputs, attrs, opsets):
-    return node_model(op_type, [(n, TensorProto.FLOAT) for n in inputs], [("y", TensorProto.FLOAT)], domain=domain,
-                      opsets=dict(opsets), **attrs)
-
-
-def session(model, threads, library=None):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    # Each session has its own thread pool, whose threads spin for a while after a run: in a
-    # round-robin that steals the cores from the next candidate's run (seen: the candidate after
-    # ORT's DeformConv measured 1.3x slower than alone). Not spinning keeps the comparison fair.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if library:
-        so.register_custom_ops_library(library)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def measure(n, c, s, groups, dg, threads, repeats) -> dict:
@@ -60,16 +37,18 @@ def measure(n, c, s, groups, dg, threads, repeats) -> dict:
     mask = torch.rand(n, dg * 9, s, s, generator=g)
     want = torchvision.ops.deform_conv2d(x, off, w, b, padding=1, mask=mask).numpy()
 
-    mmdeploy = session(single_node("MMCVModulatedDeformConv2d", "mmdeploy", ["input", "offset", "mask", "weight", "bias"],
-                                   dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=groups,
-                                        deform_groups=dg), [("", 11), ("mmdeploy", 1)]),
-                       threads, opforge.mmdeploy_library_path())
-    own = session(single_node("deform_conv2d", "opforge", ["input", "weight", "offset", "mask", "bias"],
-                              dict(stride_h=1, stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, groups=groups,
-                                   offset_groups=dg, use_mask=1), [("", 18), ("opforge", 1)]),
-                  threads, opforge.ort_library_path())
-    builtin = session(single_node("DeformConv", "", ["input", "weight", "offset", "bias", "mask"],
-                                  dict(pads=[1, 1, 1, 1], group=groups, offset_group=dg), [("", 19)]), threads)
+    mmdeploy = cpu_session(float_node_model("MMCVModulatedDeformConv2d", "mmdeploy",
+                                            ["input", "offset", "mask", "weight", "bias"],
+                                            dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=groups,
+                                                 deform_groups=dg), [("", 11), ("mmdeploy", 1)]),
+                           threads, opforge.mmdeploy_library_path())
+    own = cpu_session(float_node_model("deform_conv2d", "opforge", ["input", "weight", "offset", "mask", "bias"],
+                                       dict(stride_h=1, stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1,
+                                            groups=groups, offset_groups=dg, use_mask=1), [("", 18), ("opforge", 1)]),
+                      threads, opforge.ort_library_path())
+    builtin = cpu_session(float_node_model("DeformConv", "", ["input", "weight", "offset", "bias", "mask"],
+                                           dict(pads=[1, 1, 1, 1], group=groups, offset_group=dg), [("", 19)]),
+                          threads)
     feeds = {"input": x.numpy(), "weight": w.numpy(), "offset": off.numpy(), "mask": mask.numpy(), "bias": b.numpy()}
     errors = {}
     for name, sess in (("mmdeploy", mmdeploy), ("opforge", own), ("ort_builtin", builtin)):
@@ -88,36 +67,31 @@ def measure(n, c, s, groups, dg, threads, repeats) -> dict:
             "ratio_vs_opforge": ms["mmdeploy"] / ms["opforge"], "speedup_vs_ort_builtin": ms["ort_builtin"] / ms["mmdeploy"]}
 
 
+def table(results: dict) -> None:
+    for r in results["results"]:
+        ms, sh = r["ms"], r["shape"]
+        print(f"N={sh['batch']} C={sh['channels']} {sh['size']}x{sh['size']} groups={sh['groups']} "
+              f"deform_groups={sh['deform_groups']} threads={sh['threads']}")
+        print(f"  mmdeploy node {ms['mmdeploy']:.2f} ms | opforge node {ms['opforge']:.2f} ms | "
+              f"ORT DeformConv {ms['ort_builtin']:.2f} ms")
+        print(f"  mmdeploy / opforge = {r['ratio_vs_opforge']:.2f}x (target <= {TARGETS['ratio_vs_opforge']:.1f}x); "
+              f"ORT DeformConv / mmdeploy = {r['speedup_vs_ort_builtin']:.2f}x")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=15, quick="small shapes, two rounds: a smoke test")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--size", type=int, default=56)
     p.add_argument("--groups", type=int, default=None, help="one configuration only (default: 1x1 and 2x2)")
     p.add_argument("--deform-groups", type=int, default=None)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
     configs = [(args.groups or 1, args.deform_groups or 1)] if args.groups or args.deform_groups else [(1, 1), (2, 2)]
     results = [measure(args.batch, args.channels, args.size, g, dg, args.threads, args.repeats) for g, dg in configs]
-    report = {"results": results, "targets": TARGETS}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for r in results:
-            ms, sh = r["ms"], r["shape"]
-            print(f"N={sh['batch']} C={sh['channels']} {sh['size']}x{sh['size']} groups={sh['groups']} "
-                  f"deform_groups={sh['deform_groups']} threads={sh['threads']}")
-            print(f"  mmdeploy node {ms['mmdeploy']:.2f} ms | opforge node {ms['opforge']:.2f} ms | "
-                  f"ORT DeformConv {ms['ort_builtin']:.2f} ms")
-            print(f"  mmdeploy / opforge = {r['ratio_vs_opforge']:.2f}x (target <= {TARGETS['ratio_vs_opforge']:.1f}x); "
-                  f"ORT DeformConv / mmdeploy = {r['speedup_vs_ort_builtin']:.2f}x")
-    return report
+    return report({"results": results, "targets": TARGETS}, args.json, table)
 
 
 if __name__ == "__main__":

@@ -21,17 +21,14 @@ Candidates of a group run round-robin (one call each per round); medians are rep
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import numpy as np
-import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper
 
-from timing import round_robin
+from timing import bench_parser, cpu_session, report, round_robin
 
 TARGET = 1 / 1.2  # ORT GridSample time / ours
 MODES = ["bilinear", "nearest", "bicubic"]
@@ -60,16 +57,6 @@ def one_node(op_type, domain, attrs, opsets):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
 
 
-def session(model, threads, library=None):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as bench_ms_deform_attn
-    if library:
-        so.register_custom_ops_library(library)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def inputs(shape, kind, generator):
     n, c, h, w, ho, wo = (shape[k] for k in ("N", "C", "H", "W", "Ho", "Wo"))
     x = torch.randn(n, c, h, w, generator=generator)
@@ -86,12 +73,12 @@ def inputs(shape, kind, generator):
 
 def run_case(shape, kind, mode, padding, align_corners, threads, repeats, library, generator):
     x, grid = inputs(shape, kind, generator)
-    ours = session(one_node("grid_sampler", "mmdeploy",
-                            dict(interpolation_mode=MODES.index(mode), padding_mode=PADDINGS.index(padding),
-                                 align_corners=int(align_corners)),
-                            [("", 16), ("mmdeploy", 1)]), threads, library)
-    builtin = session(one_node("GridSample", "", dict(mode=mode, padding_mode=padding,
-                                                      align_corners=int(align_corners)), [("", 16)]), threads)
+    ours = cpu_session(one_node("grid_sampler", "mmdeploy",
+                                dict(interpolation_mode=MODES.index(mode), padding_mode=PADDINGS.index(padding),
+                                     align_corners=int(align_corners)),
+                                [("", 16), ("mmdeploy", 1)]), threads, library)
+    builtin = cpu_session(one_node("GridSample", "", dict(mode=mode, padding_mode=padding,
+                                                          align_corners=int(align_corners)), [("", 16)]), threads)
     feeds = {"input": x.numpy(), "grid": grid.numpy()}
     got, ref = ours.run(None, feeds)[0], builtin.run(None, feeds)[0]
     want = F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align_corners).numpy()
@@ -103,13 +90,22 @@ def run_case(shape, kind, mode, padding, align_corners, threads, repeats, librar
             "max_abs_diff": diffs, "ratio": ms["ORT GridSample"] / ms["mmdeploy::grid_sampler"]}
 
 
+def table(r: dict) -> None:
+    print(f"mmdeploy::grid_sampler vs ORT GridSample (opset 16), float32, {r['threads']} threads (medians)")
+    for kind, s in r["shapes"].items():
+        print(f"  {kind}: N={s['N']} C={s['C']} {s['H']}x{s['W']} input, {s['Ho']}x{s['Wo']} grid")
+    print(f"  {'shape':<7}{'mode':<9}{'padding':<11}{'ac':<4}{'ours ms':>9}{'ORT ms':>9}{'ratio':>7}  max|diff| vs torch")
+    for c in r["cases"]:
+        verdict = "PASS" if c["ratio"] >= TARGET else "BELOW"
+        print(f"  {c['shape']:<7}{c['mode']:<9}{c['padding']:<11}{int(c['align_corners']):<4}"
+              f"{c['ms']['mmdeploy::grid_sampler']:9.3f}{c['ms']['ORT GridSample']:9.3f}{c['ratio']:7.2f}  "
+              f"ours {c['max_abs_diff']['ours_vs_torch']:.1e}, ORT {c['max_abs_diff']['ort_vs_torch']:.1e}  {verdict}")
+    print(f"  min ratio {r['min_ratio']:.2f} (target >= {TARGET:.3f})")
+
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="small shapes, two rounds: a smoke test")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    args = bench_parser(__doc__, repeats=10, quick="small shapes, two rounds: a smoke test").parse_args(argv)
     shapes = QUICK if args.quick else FULL
     repeats = 2 if args.quick else args.repeats
     library = library_path()
@@ -118,20 +114,7 @@ def main(argv=None) -> dict:
                for kind in shapes for m, pad, ac in CASES]
     r = {"threads": args.threads, "quick": args.quick, "target_ratio": TARGET, "shapes": shapes, "cases": results,
          "min_ratio": min(c["ratio"] for c in results)}
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    print(f"mmdeploy::grid_sampler vs ORT GridSample (opset 16), float32, {args.threads} threads (medians)")
-    for kind, s in shapes.items():
-        print(f"  {kind}: N={s['N']} C={s['C']} {s['H']}x{s['W']} input, {s['Ho']}x{s['Wo']} grid")
-    print(f"  {'shape':<7}{'mode':<9}{'padding':<11}{'ac':<4}{'ours ms':>9}{'ORT ms':>9}{'ratio':>7}  max|diff| vs torch")
-    for c in results:
-        verdict = "PASS" if c["ratio"] >= TARGET else "BELOW"
-        print(f"  {c['shape']:<7}{c['mode']:<9}{c['padding']:<11}{int(c['align_corners']):<4}"
-              f"{c['ms']['mmdeploy::grid_sampler']:9.3f}{c['ms']['ORT GridSample']:9.3f}{c['ratio']:7.2f}  "
-              f"ours {c['max_abs_diff']['ours_vs_torch']:.1e}, ORT {c['max_abs_diff']['ort_vs_torch']:.1e}  {verdict}")
-    print(f"  min ratio {r['min_ratio']:.2f} (target >= {TARGET:.3f})")
-    return r
+    return report(r, args.json, table)
 
 
 if __name__ == "__main__":

@@ -18,20 +18,17 @@ Candidates of a group run round-robin (one call each per round); medians are rep
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import sys
 import warnings
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, cpu_session, ort_options, print_ms, report, round_robin
 
 TARGETS = {"speedup_forward": 5.0, "speedup_fwd_bwd": 5.0, "speedup_ort": 3.0}  # opforge vs grid_sample, x faster
 FULL = dict(heads=8, channels=32, points=4, levels=[(64, 64), (32, 32), (16, 16), (8, 8)],
@@ -71,15 +68,6 @@ class GridSampleAttention(torch.nn.Module):
 class OpforgeAttention(torch.nn.Module):
     def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
         return opforge.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-
-
-def session_options(threads):
-    # Two sessions = two thread pools on the same cores: with spinning on, the idle pool's
-    # spinning threads steal the cores from the running one. Same settings for both.
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
 
 
 def export_grid_sample(model, args):
@@ -157,8 +145,8 @@ def bench_shape(batch, queries, cfg, args):
     assert [n.op_type for n in custom.graph.node if n.domain == "opforge"] == ["ms_deform_attn"]
     plain, plain_how = export_grid_sample(GridSampleAttention(levels), (value, locations, weights))
     assert "GridSample" in {n.op_type for n in onnx.load_from_string(plain).graph.node}
-    ours_ort = opforge.ort_session(custom, session_options(args.threads))
-    plain_ort = ort.InferenceSession(plain, session_options(args.threads), providers=["CPUExecutionProvider"])
+    ours_ort = opforge.ort_session(custom, ort_options(args.threads))
+    plain_ort = cpu_session(plain, args.threads)
     feeds_plain = {"value": value.numpy(), "sampling_locations": locations.numpy(), "attention_weights": weights.numpy()}
     feeds_ours = {**feeds_plain, "spatial_shapes": spatial_shapes.numpy(), "level_start_index": level_start_index.numpy()}
     got_ours, got_plain = ours_ort.run(None, feeds_ours)[0], plain_ort.run(None, feeds_plain)[0]
@@ -179,13 +167,25 @@ def bench_shape(batch, queries, cfg, args):
     }
 
 
+def table(r: dict, shapes) -> None:
+    for name in shapes:
+        res = r[name]
+        sh = res["shape"]
+        levels = ", ".join(f"{h}x{w}" for h, w in sh["levels"])
+        print(f"ms_deform_attn {name}: N={sh['N']} Lq={sh['Lq']} M={sh['M']} D={sh['D']} P={sh['P']} "
+              f"levels {levels} (S={sh['S']}), float32, {r['threads']} threads (medians)")
+        print("  max |diff| opforge vs grid_sample: " + ", ".join(f"{k} {v:.1e}" for k, v in res["max_abs_diff"].items()))
+        for group in ("forward_ms", "forward_backward_ms", "ort_ms"):
+            print_ms(res[group], 32)
+        for key, label in (("speedup_forward", "torch forward: speed-up vs grid_sample"),
+                           ("speedup_fwd_bwd", "torch forward+backward: speed-up vs grid_sample"),
+                           ("speedup_ort", "ORT: speed-up vs the GridSample export")):
+            print(f"  {label:<47} = {res[key]:5.1f}x (target >= {TARGETS[key]:g}x)")
+        print(f"  (the GridSample model exported with {res['grid_sample_export']})")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, two rounds: a smoke test")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    args = bench_parser(__doc__, repeats=10, quick="tiny shapes, two rounds: a smoke test").parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.quick:
         args.repeats = 2
@@ -194,25 +194,7 @@ def main(argv=None) -> dict:
     r = {"threads": args.threads, "quick": args.quick, "targets": TARGETS}
     for name, (batch, queries) in cfg["shapes"].items():
         r[name] = bench_shape(batch, queries, cfg, args)
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    for name in cfg["shapes"]:
-        res = r[name]
-        sh = res["shape"]
-        levels = ", ".join(f"{h}x{w}" for h, w in sh["levels"])
-        print(f"ms_deform_attn {name}: N={sh['N']} Lq={sh['Lq']} M={sh['M']} D={sh['D']} P={sh['P']} "
-              f"levels {levels} (S={sh['S']}), float32, {args.threads} threads (medians)")
-        print("  max |diff| opforge vs grid_sample: " + ", ".join(f"{k} {v:.1e}" for k, v in res["max_abs_diff"].items()))
-        for group in ("forward_ms", "forward_backward_ms", "ort_ms"):
-            for label, ms in res[group].items():
-                print(f"  {label:<32} {ms:9.2f} ms")
-        for key, label in (("speedup_forward", "torch forward: speed-up vs grid_sample"),
-                           ("speedup_fwd_bwd", "torch forward+backward: speed-up vs grid_sample"),
-                           ("speedup_ort", "ORT: speed-up vs the GridSample export")):
-            print(f"  {label:<47} = {res[key]:5.1f}x (target >= {TARGETS[key]:g}x)")
-        print(f"  (the GridSample model exported with {res['grid_sample_export']})")
-    return r
+    return report(r, args.json, lambda r: table(r, cfg["shapes"]))
 
 
 if __name__ == "__main__":

@@ -13,17 +13,13 @@ alike; the reported time is the median over rounds. Never used to gate CI.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, ort_options, print_ms, report, round_robin
 
 
 def ort_graph(custom: bool) -> onnx.ModelProto:
@@ -41,11 +37,8 @@ def ort_graph(custom: bool) -> onnx.ModelProto:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=30)
     p.add_argument("--numel", type=int, default=16 * 1024 * 1024)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -62,16 +55,8 @@ def main(argv=None) -> dict:
     )
 
     feeds = {"A": a.numpy(), "B": b.numpy()}
-    def options():
-        # Two sessions = two thread pools on the same cores: with spinning on, the idle pool's
-        # spinning threads steal the cores from the running one. Same settings for both.
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return so
-
-    ours = opforge.ort_session(ort_graph(custom=True), options())
-    anchor = opforge.ort_session(ort_graph(custom=False), options(), register_opforge=False)
+    ours = opforge.ort_session(ort_graph(custom=True), ort_options(args.threads))
+    anchor = opforge.ort_session(ort_graph(custom=False), ort_options(args.threads), register_opforge=False)
     np.testing.assert_allclose(ours.run(None, feeds)[0], anchor.run(None, feeds)[0], rtol=1e-6)
     ort_ms = round_robin(
         {"ORT opforge::my_add": lambda: ours.run(None, feeds), "ORT Mul+Add": lambda: anchor.run(None, feeds)},
@@ -87,19 +72,17 @@ def main(argv=None) -> dict:
         "ratio_vs_2a_plus_b": torch_ms["opforge.my_add"] / torch_ms["2*a+b"],
         "ratio_ort_vs_mul_add": ort_ms["ORT opforge::my_add"] / ort_ms["ORT Mul+Add"],
     }
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return results
-    print(f"my_add, {args.numel} float32 elements, {args.threads} threads, median of {args.repeats} rounds")
-    for name, ms in {**torch_ms, **ort_ms}.items():
-        print(f"  {name:<22} {ms:8.2f} ms")
-    r = results
-    print(f"  torch: opforge / torch.add(alpha=2) = {r['ratio_vs_torch_add_alpha']:.2f}x (target <= 1.0x: "
-          f"{'met' if r['ratio_vs_torch_add_alpha'] <= 1.0 else 'MISSED'})")
-    print(f"  torch: opforge / (2*a+b)           = {r['ratio_vs_2a_plus_b']:.2f}x")
-    print(f"  ORT:   opforge::my_add / Mul+Add   = {r['ratio_ort_vs_mul_add']:.2f}x (target <= 0.8x: "
-          f"{'met' if r['ratio_ort_vs_mul_add'] <= 0.8 else 'MISSED'})")
-    return results
+
+    def table(r):
+        print(f"my_add, {args.numel} float32 elements, {args.threads} threads, median of {args.repeats} rounds")
+        print_ms({**torch_ms, **ort_ms}, 22, "8.2f")
+        print(f"  torch: opforge / torch.add(alpha=2) = {r['ratio_vs_torch_add_alpha']:.2f}x (target <= 1.0x: "
+              f"{'met' if r['ratio_vs_torch_add_alpha'] <= 1.0 else 'MISSED'})")
+        print(f"  torch: opforge / (2*a+b)           = {r['ratio_vs_2a_plus_b']:.2f}x")
+        print(f"  ORT:   opforge::my_add / Mul+Add   = {r['ratio_ort_vs_mul_add']:.2f}x (target <= 0.8x: "
+              f"{'met' if r['ratio_ort_vs_mul_add'] <= 0.8 else 'MISSED'})")
+
+    return report(results, args.json, table)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ Candidates of a group run round-robin (one call each per round); medians are rep
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 
@@ -31,7 +29,7 @@ import numpy as np
 import torch
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, print_ms, report, round_robin
 
 TARGETS = {"ratio": 10.0}  # opforge vs the pruned torch anchor, x faster
 ROW_CHUNK = 128  # rows of the all-pairs IoU per step: (128 x N x 24 x 2) float64 intermediates
@@ -162,15 +160,24 @@ def nms_torch_all_pairs(boxes, scores, iou_threshold):
     return greedy(suppresses, order)
 
 
+def table(r: dict) -> None:
+    sh = r["shape"]
+    print(f"nms_rotated: N={sh['boxes']} detector-like boxes, iou_threshold {sh['iou_threshold']}, float32, "
+          f"{r['threads']} threads (medians); {sh['kept']} kept")
+    print("  kept indices identical to the torch anchor: " + ", ".join(f"{k} {v}" for k, v in r["identical_keep"].items()))
+    print(f"  pairs whose circles meet: {sh['pruned_pairs']} of {sh['all_pairs']}")
+    print_ms(r["ms"], 26, "10.2f")
+    verdict = "PASS" if r["ratio"] >= TARGETS["ratio"] else "BELOW"
+    print(f"  speed-up vs the pruned torch anchor    = {r['ratio']:7.1f}x (target >= {TARGETS['ratio']:g}x) {verdict}")
+    if "ratio_all_pairs" in r:
+        print(f"  speed-up vs the all-pairs torch anchor = {r['ratio_all_pairs']:7.0f}x (for information)")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=10, quick="300 boxes, two rounds: a smoke test")
     p.add_argument("--boxes", type=int, default=2000)
     p.add_argument("--iou", type=float, default=0.5, help="iou_threshold")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--no-all-pairs", action="store_true", help="skip the all-pairs anchor (tens of seconds)")
-    p.add_argument("--quick", action="store_true", help="300 boxes, two rounds: a smoke test")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         args.boxes, args.repeats = 300, 2
@@ -205,21 +212,7 @@ def main(argv=None) -> dict:
     if not args.no_all_pairs:
         r["ms"]["torch all pairs (once)"] = all_pairs_ms  # its agreement run: one call of tens of seconds
         r["ratio_all_pairs"] = r["ms"]["torch all pairs (once)"] / ms["opforge.nms_rotated"]
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    sh = r["shape"]
-    print(f"nms_rotated: N={sh['boxes']} detector-like boxes, iou_threshold {thr}, float32, {args.threads} threads "
-          f"(medians); {sh['kept']} kept")
-    print("  kept indices identical to the torch anchor: " + ", ".join(f"{k} {v}" for k, v in agreement.items()))
-    print(f"  pairs whose circles meet: {sh['pruned_pairs']} of {sh['all_pairs']}")
-    for label, t in r["ms"].items():
-        print(f"  {label:<26} {t:10.2f} ms")
-    verdict = "PASS" if r["ratio"] >= TARGETS["ratio"] else "BELOW"
-    print(f"  speed-up vs the pruned torch anchor    = {r['ratio']:7.1f}x (target >= {TARGETS['ratio']:g}x) {verdict}")
-    if "ratio_all_pairs" in r:
-        print(f"  speed-up vs the all-pairs torch anchor = {r['ratio_all_pairs']:7.0f}x (for information)")
-    return r
+    return report(r, args.json, table)
 
 
 if __name__ == "__main__":

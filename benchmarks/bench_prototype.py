@@ -17,18 +17,15 @@ Candidates run round-robin (one call each per round); medians. Never used to gat
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, ort_options, report, round_robin
 
 PROTO_NS, PROTO_DOMAIN = "bench_proto", "com.example.bench_proto"
 PLAIN_OP = "BenchPlainMyAdd"  # ai.onnx.contrib, registered with onnxruntime_extensions.onnx_op
@@ -41,7 +38,7 @@ def _my_add_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def register_prototype_my_add():
     """opforge's my_add spec, as a prototype in another namespace and domain."""
     compiled = opforge.spec.find("opforge::my_add")
-    spec = dataclasses.replace(compiled, namespace=PROTO_NS, domain=PROTO_DOMAIN, torch_aliases=(),
+    spec = dataclasses.replace(compiled, namespace=PROTO_NS, domain=PROTO_DOMAIN, torch_aliases=(), helper_ops=(),
                                onnx_types=("tensor(float)", "tensor(double)"), standard_torchscript=None,
                                standard_dynamo=None, standard_from_opset=None)
     return opforge.register_prototype(spec, impl=_my_add_kernel)
@@ -61,28 +58,29 @@ def graph(op_type: str, domain: str) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)])
 
 
+def table(results: dict) -> None:
+    rows = results["rows"]
+    print(f"my_add as a prototype (numpy kernel) vs compiled, float32, {results['threads']} threads, medians (us per call)")
+    names = list(rows[0]["us"])
+    print(f"  {'elements':>9} " + " ".join(f"{k:>18}" for k in names) + "  proto/compiled torch, ORT")
+    for r in rows:
+        print(f"  {r['numel']:>9} " + " ".join(f"{r['us'][k]:>18.1f}" for k in names) +
+              f"  {r['torch_prototype_vs_compiled']:6.1f}x, {r['ort_prototype_vs_compiled']:6.1f}x")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=50)
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 4096, 1024 * 1024])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     proto_op = register_prototype_my_add()
     register_plain_onnx_op()
 
-    def options():
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return so
-
     sessions = {
-        "ORT prototype": opforge.ort_session(graph("my_add", PROTO_DOMAIN), options()),
-        "ORT plain onnx_op": opforge.ort_session(graph(PLAIN_OP, "ai.onnx.contrib"), options()),
-        "ORT compiled": opforge.ort_session(graph("my_add", opforge.spec.DOMAIN), options()),
+        "ORT prototype": opforge.ort_session(graph("my_add", PROTO_DOMAIN), ort_options(args.threads)),
+        "ORT plain onnx_op": opforge.ort_session(graph(PLAIN_OP, "ai.onnx.contrib"), ort_options(args.threads)),
+        "ORT compiled": opforge.ort_session(graph("my_add", opforge.spec.DOMAIN), ort_options(args.threads)),
     }
     rows = []
     for n in args.sizes:
@@ -104,17 +102,7 @@ def main(argv=None) -> dict:
             "ort_prototype_vs_compiled": ort_ms["ORT prototype"] / ort_ms["ORT compiled"],
             "ort_plain_onnx_op_vs_prototype": ort_ms["ORT plain onnx_op"] / ort_ms["ORT prototype"],
         })
-    results = {"threads": args.threads, "op": "my_add (2a+b), float32", "rows": rows}
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return results
-    print(f"my_add as a prototype (numpy kernel) vs compiled, float32, {args.threads} threads, medians (us per call)")
-    names = list(rows[0]["us"])
-    print(f"  {'elements':>9} " + " ".join(f"{k:>18}" for k in names) + "  proto/compiled torch, ORT")
-    for r in rows:
-        print(f"  {r['numel']:>9} " + " ".join(f"{r['us'][k]:>18.1f}" for k in names) +
-              f"  {r['torch_prototype_vs_compiled']:6.1f}x, {r['ort_prototype_vs_compiled']:6.1f}x")
-    return results
+    return report({"threads": args.threads, "op": "my_add (2a+b), float32", "rows": rows}, args.json, table)
 
 
 if __name__ == "__main__":

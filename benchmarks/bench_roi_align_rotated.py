@@ -26,8 +26,6 @@ Candidates of a group run round-robin (one call each per round); medians are rep
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 import numpy as np
@@ -35,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, ort_options, print_ms, report, round_robin
 
 TARGETS = {"ratio_forward": 10.0, "ratio_fwd_bwd": 5.0}  # anchor time / opforge time
 QUICK = dict(rois=24, channels=8, size=16, batch=2, output=3, sampling_ratio=2)
@@ -113,24 +111,38 @@ def time_ort(model, input, rois, threads, repeats, expected):
     """ORT on the exported single opforge::roi_align_rotated node: (ms, max |diff| vs torch), or None
     when onnxruntime is not importable."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError:
         return None
     proto = opforge.export(model, (input, rois), dynamo=True, verbose=False,  # verbose: keeps stdout for --json
                            input_names=["input", "rois"], output_names=["output"])
     assert [n.op_type for n in proto.graph.node if n.domain == "opforge"] == ["roi_align_rotated"]
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as bench_ms_deform_attn
-    session = opforge.ort_session(proto, so)
+    session = opforge.ort_session(proto, ort_options(threads))
     feeds = {"input": input.numpy(), "rois": rois.numpy()}
     got = session.run(None, feeds)[0]
     ms = round_robin({"ORT opforge::roi_align_rotated": lambda: session.run(None, feeds)}, repeats)
     return ms["ORT opforge::roi_align_rotated"], float(np.abs(got - expected).max())
 
 
+def table(r: dict) -> None:
+    sh = r["shape"]
+    print(f"roi_align_rotated: N={sh['N']} C={sh['C']} {sh['H']}x{sh['W']} map, K={sh['K']} rois, "
+          f"{sh['output'][0]}x{sh['output'][1]} output, sampling_ratio {sh['sampling_ratio']}, spatial_scale "
+          f"{sh['spatial_scale']:g}, float32, {r['threads']} threads (medians)")
+    print("  max |diff| opforge vs grid_sample: " + ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff"].items())
+          + f" (all rois, {sh['rois_crossing_border']} of them crossing the image border)")
+    for group in ("forward_ms", "forward_backward_ms"):
+        print_ms(r[group], 32)
+    if "ort_ms" in r:
+        print(f"  {'ORT opforge::roi_align_rotated':<32} {r['ort_ms']:9.2f} ms (for information)")
+    for key, label in (("ratio_forward", "forward: speed-up vs grid_sample"),
+                       ("ratio_fwd_bwd", "forward+backward: speed-up vs grid_sample")):
+        verdict = "PASS" if r[key] >= TARGETS[key] else "BELOW"
+        print(f"  {label:<42} = {r[key]:5.1f}x (target >= {TARGETS[key]:g}x) {verdict}")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=10, quick="small shapes, two rounds: a smoke test")
     p.add_argument("--rois", type=int, default=512)
     p.add_argument("--channels", type=int, default=256)
     p.add_argument("--size", type=int, default=64, help="feature map height and width")
@@ -138,10 +150,6 @@ def main(argv=None) -> dict:
     p.add_argument("--output", type=int, default=7, help="output height and width")
     p.add_argument("--sampling-ratio", type=int, default=2, help=">= 1 (the anchor has a fixed grid)")
     p.add_argument("--spatial-scale", type=float, default=0.25)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="small shapes, two rounds: a smoke test")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         vars(args).update(QUICK, repeats=2)
@@ -203,25 +211,7 @@ def main(argv=None) -> dict:
                           results[ours][0].numpy())
     if ort_result is not None:
         r["ort_ms"], r["max_abs_diff"]["ort_vs_torch_output"] = ort_result
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return r
-    sh = r["shape"]
-    print(f"roi_align_rotated: N={sh['N']} C={sh['C']} {sh['H']}x{sh['W']} map, K={sh['K']} rois, "
-          f"{size[0]}x{size[1]} output, sampling_ratio {sr}, spatial_scale {scale:g}, float32, {args.threads} threads "
-          "(medians)")
-    print("  max |diff| opforge vs grid_sample: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items())
-          + f" (all rois, {sh['rois_crossing_border']} of them crossing the image border)")
-    for group in ("forward_ms", "forward_backward_ms"):
-        for label, ms in r[group].items():
-            print(f"  {label:<32} {ms:9.2f} ms")
-    if "ort_ms" in r:
-        print(f"  {'ORT opforge::roi_align_rotated':<32} {r['ort_ms']:9.2f} ms (for information)")
-    for key, label in (("ratio_forward", "forward: speed-up vs grid_sample"),
-                       ("ratio_fwd_bwd", "forward+backward: speed-up vs grid_sample")):
-        verdict = "PASS" if r[key] >= TARGETS[key] else "BELOW"
-        print(f"  {label:<42} = {r[key]:5.1f}x (target >= {TARGETS[key]:g}x) {verdict}")
-    return r
+    return report(r, args.json, table)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,11 @@ Also checks that both give the same output. Never used to gate CI.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 import torchvision
 
 import opforge
-from timing import round_robin
+from timing import bench_parser, report, round_robin
 
 
 class DCNv2Conv(torch.nn.Module):
@@ -50,13 +47,19 @@ def resnet50_dcnv2() -> torch.nn.Module:
     return model
 
 
+def table(r: dict) -> None:
+    print(f"{r['model']}, batch {r['batch']}, {r['size']}x{r['size']}, float32, {r['threads']} threads (medians)")
+    for label, ms, speedup in (("inference", r["inference_ms"], r["inference_speedup"]),
+                               ("training step", r["train_step_ms"], r["train_step_speedup"])):
+        print(f"  {label:<14} torchvision {ms['torchvision']:9.1f} ms   patched {ms['patched']:9.1f} ms   "
+              f"speed-up {speedup:5.2f}x")
+    print(f"  outputs agree to {r['max_relative_output_difference']:.1e} (relative to the largest output)")
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__, repeats=5, threads=torch.get_num_threads())
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -91,16 +94,7 @@ def main(argv=None) -> dict:
         "train_step_speedup": train_ms["torchvision"] / train_ms["patched"],
         "max_relative_output_difference": max_diff,
     }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return result
-    print(f"{result['model']}, batch {args.batch}, {args.size}x{args.size}, float32, {args.threads} threads (medians)")
-    for label, ms, speedup in (("inference", inference_ms, result["inference_speedup"]),
-                               ("training step", train_ms, result["train_step_speedup"])):
-        print(f"  {label:<14} torchvision {ms['torchvision']:9.1f} ms   patched {ms['patched']:9.1f} ms   "
-              f"speed-up {speedup:5.2f}x")
-    print(f"  outputs agree to {max_diff:.1e} (relative to the largest output)")
-    return result
+    return report(result, args.json, table)
 
 
 if __name__ == "__main__":

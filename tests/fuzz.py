@@ -1063,22 +1063,33 @@ def case_deform(rng, front_end):
     yield f"ok {edge}" + (" +grad" if grad else "") + ("" if want is not None else " (no reference)")
 
 
-def case_ms_deform_attn(rng, front_end):
-    desc, values, invalid, why, edge, call = ms_deform_case(rng, front_end)
+def judged_case(rng, front_end, make, op_of, run_torch, ort_names, check):
+    """A case of an op whose case maker says why an invalid case must fail. ``make(rng, front_end)``:
+    (description, values, invalid, why, edge, call); ``op_of(values)``: the op the values call
+    ("opforge::<name>"). The values run through ``run_torch(values, edge, call, valid, rng)`` -> (result,
+    grad, values) or the op's one-node model in ORT (no gradient). An exception must be an invalid
+    case's refusal (check_rejection; in ORT its message must hold ``ort_names(op, invalid)``); an
+    invalid case must not return; a valid case's result is judged by ``check(result, grad, values,
+    edge)``, which returns the outcome."""
+    desc, values, invalid, why, edge, call = make(rng, front_end)
     yield desc
+    op = op_of(values)
     try:
         if front_end == "torch":
-            y, grad, values = run_ms_deform_torch(values, edge, call, invalid is None, rng)
+            y, grad, values = run_torch(values, edge, call, invalid is None, rng)
         else:
-            y, grad = run_in_ort(find("ms_deform_attn"), values), False
-    except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        # ORT: the kernels' message too, or the front end's when it refuses a dtype
-        check_rejection(e, invalid, why, front_end, "opforge::ms_deform_attn",
-                        "ms_deform_attn" if invalid == "dtype_mismatch" else "opforge::ms_deform_attn")
+            y, grad = run_in_ort(find(op), values), False
+    except Exception as e:  # noqa: BLE001 (any exception is judged here)
+        check_rejection(e, invalid, why, front_end, op, ort_names(op, invalid))
         yield "rejected"
         return
     if invalid is not None:
-        raise CaseFailure(f"invalid case ({invalid}) returned a result of shape {list(y.shape)} instead of an error")
+        raise CaseFailure(f"invalid case ({invalid}) returned a result of shape {list(y.shape)} "
+                          f"({y.detach().flatten()[:20].tolist()}) instead of an error")
+    yield check(y, grad, values, edge)
+
+
+def ms_deform_check(y, grad, values, edge):
     dtype = values[0].dtype
     if y.dtype != dtype:
         raise CaseFailure(f"output has dtype {y.dtype}, inputs {dtype}")
@@ -1094,24 +1105,16 @@ def case_ms_deform_attn(rng, front_end):
             if values[i].grad is None:
                 raise CaseFailure(f"no gradient of {name}")
             compare(values[i].grad, ref, dtype, f"grad of {name}")
-    yield f"ok {edge}" + (" +grad" if grad else "")
+    return f"ok {edge}" + (" +grad" if grad else "")
 
 
-def case_roi_align_rotated(rng, front_end):
-    desc, values, invalid, why, edge, call = rar_case(rng, front_end)
-    yield desc
-    try:
-        if front_end == "torch":
-            y, grad, values = run_rar_torch(values, edge, call, invalid is None, rng)
-        else:
-            y, grad = run_in_ort(find("roi_align_rotated"), values), False
-    except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        check_rejection(e, invalid, why, front_end, "opforge::roi_align_rotated",
-                        "roi_align_rotated" if invalid in RAR_WHY_ORT else "opforge::roi_align_rotated: ")
-        yield "rejected"
-        return
-    if invalid is not None:
-        raise CaseFailure(f"invalid case ({invalid}) returned a result of shape {list(y.shape)} instead of an error")
+def case_ms_deform_attn(rng, front_end):
+    # ORT: the kernels' message too, or the front end's when it refuses a dtype
+    return judged_case(rng, front_end, ms_deform_case, lambda values: "opforge::ms_deform_attn", run_ms_deform_torch,
+                       lambda op, invalid: op[9:] if invalid == "dtype_mismatch" else op, ms_deform_check)
+
+
+def rar_check(y, grad, values, edge):
     dtype = values[0].dtype
     if y.dtype != dtype:
         raise CaseFailure(f"output has dtype {y.dtype}, inputs {dtype}")
@@ -1137,27 +1140,23 @@ def case_roi_align_rotated(rng, front_end):
             bound = (tol or tolerance(dtype)) * (1 + float(g.double().abs().sum()) * float(v.abs().max()))
             if abs(lhs - rhs) > bound:
                 raise CaseFailure(f"grad of input: <grad, v> = {lhs:.6g}, <upstream, reference(v)> = {rhs:.6g}")
-    yield f"ok {edge}" + (" +grad" if grad else "") + (" (unstable bins skipped)" if unstable.any() else "")
+    return f"ok {edge}" + (" +grad" if grad else "") + (" (unstable bins skipped)" if unstable.any() else "")
+
+
+def case_roi_align_rotated(rng, front_end):
+    return judged_case(rng, front_end, rar_case, lambda values: "opforge::roi_align_rotated", run_rar_torch,
+                       lambda op, invalid: op[9:] if invalid in RAR_WHY_ORT else op + ": ", rar_check)
+
+
+def nms_outcome(keep, grad, values, edge):
+    return f"ok {edge}" + (" (threshold ties)" if nms_check(keep, values) == "tie" else "")
 
 
 def case_nms_rotated(rng, front_end):
-    desc, values, invalid, why, edge, call = nms_case(rng, front_end)
-    yield desc
-    batched = len(values) == 4
-    op = "opforge::batched_nms_rotated" if batched else "opforge::nms_rotated"
-    try:
-        if front_end == "torch":
-            keep = run_nms_torch(values, edge, call)
-        else:
-            keep = run_in_ort(find("batched_nms_rotated" if batched else "nms_rotated"), values)
-    except Exception as e:  # noqa: BLE001 (any exception is judged below)
-        check_rejection(e, invalid, why, front_end, op, op[9:] if invalid in NMS_WHY_ORT else op + ": ")
-        yield "rejected"
-        return
-    if invalid is not None:
-        raise CaseFailure(f"invalid case ({invalid}) returned {keep.tolist()[:20]} instead of an error")
-    how = nms_check(keep, values)
-    yield f"ok {edge}" + (" (threshold ties)" if how == "tie" else "")
+    return judged_case(rng, front_end, nms_case,
+                       lambda values: "opforge::batched_nms_rotated" if len(values) == 4 else "opforge::nms_rotated",
+                       lambda values, edge, call, valid, rng: (run_nms_torch(values, edge, call), False, values),
+                       lambda op, invalid: op[9:] if invalid in NMS_WHY_ORT else op + ": ", nms_outcome)
 
 
 def case_my_add(rng, front_end):
@@ -1278,37 +1277,64 @@ CASES = {"deform_conv2d": case_deform, "ms_deform_attn": case_ms_deform_attn,
          "aten": case_aten}
 
 
-def run_case(target, seed, index, verbose=False):
-    op, front_end = target.split(":")
+def case_rng(seed, index):
+    """The generator of case ``index`` of ``seed``: default_rng([seed, index]) alone, which seeds torch's too."""
     rng = np.random.default_rng([seed, index])
     torch.manual_seed(int(rng.integers(2**31)))
-    steps = CASES[op](rng, front_end)
-    desc = next(steps)
+    return rng
+
+
+def announce(target, seed, index, desc):
+    """The CASE line, flushed before the case runs: the parent names the case that crashes or hangs."""
     print(f"CASE {target} {seed} {index}: {desc}", flush=True)
+
+
+def run_case(target, seed, index):
+    op, front_end = target.split(":")
+    steps = CASES[op](case_rng(seed, index), front_end)
+    announce(target, seed, index, next(steps))
     outcomes = list(steps)
     if len(outcomes) != 1:
         raise CaseFailure(f"case ended without an outcome: {outcomes}")
     return outcomes[0]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True, choices=TARGETS)
+def command_line(doc, targets, argv, cases_help="number of cases"):
+    """The fuzzers' command line (tests/fuzz_batch.py's): --target (one of ``targets``), --seed, --first,
+    --cases, --case. Returns the arguments and the indices of the cases to run; torch runs on one thread."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--target", required=True, choices=targets)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--first", type=int, default=0, help="index of the first case")
-    parser.add_argument("--cases", type=int, default=100, help="number of cases")
+    parser.add_argument("--cases", type=int, default=100, help=cases_help)
     parser.add_argument("--case", type=int, help="run only this case (reproduce a failure)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    indices = [args.case] if args.case is not None else range(args.first, args.first + args.cases)
-    failures, tally = 0, collections.Counter()
+    return args, [args.case] if args.case is not None else range(args.first, args.first + args.cases)
+
+
+def run_batch(run_case, target, seed, indices):
+    """``run_case(target, seed, index)`` (-> its outcome) for each index; a failing case prints its FAIL
+    line and traceback and the batch goes on, so one batch shows every failing case. Returns the tally
+    of outcomes and the number of failures."""
+    tally, failures = collections.Counter(), 0
     for k in indices:
         try:
-            tally[run_case(args.target, args.seed, k)] += 1
-        except Exception:  # noqa: BLE001 (report and go on: one batch shows every failing case)
+            tally[run_case(target, seed, k)] += 1
+        except Exception:  # noqa: BLE001 (report and go on)
             failures += 1
-            print(f"FAIL {args.target} {args.seed} {k}:\n{traceback.format_exc(limit=3)}", flush=True)
-    print("TALLY " + ", ".join(f"{n} {what}" for what, n in sorted(tally.items())), flush=True)
+            print(f"FAIL {target} {seed} {k}:\n{traceback.format_exc(limit=3)}", flush=True)
+    return tally, failures
+
+
+def tallied(tally):
+    return ", ".join(f"{n} {what}" for what, n in sorted(tally.items()))
+
+
+def main(argv=None):
+    args, indices = command_line(__doc__, TARGETS, argv)
+    tally, failures = run_batch(run_case, args.target, args.seed, indices)
+    print("TALLY " + tallied(tally), flush=True)
     print(f"DONE {len(indices)} cases, {failures} failed", flush=True)
     return 1 if failures else 0
 

@@ -32,21 +32,19 @@ Nothing may crash the process (a child per batch in the tests catches it) or han
 
 from __future__ import annotations
 
-import argparse
-import collections
 import dataclasses
 import math
 import re
 import sys
-import traceback
 from typing import Callable
 
 import numpy as np
 import torch
 
 import opforge
-from fuzz import INT64_MAX, CaseFailure, big, compare, deform_reference, nms_check, pick, rar_case, rar_grid_points, \
-    rar_reference, rar_unstable_bins, tolerance  # tests/ is this script's sys.path[0]
+from fuzz import (INT64_MAX, CaseFailure, announce, big, case_rng, command_line, compare,  # tests/ is sys.path[0]
+                  deform_reference, nms_check, pick, rar_case, rar_grid_points, rar_reference, rar_unstable_bins,
+                  run_batch, tallied, tolerance)
 
 OPS = ("grid_sampler", "MMCVModulatedDeformConv2d", "MMCVRoIAlignRotated", "NMSRotated", "NMSMatch")
 TARGETS = tuple(f"mmdeploy:{op}" for op in OPS)
@@ -796,7 +794,12 @@ def nms_common(rng, rotated):
     return dtype, n, c, b, invalid, edge, boxes, scores
 
 
-def nms_check_rows(rows, width, n, c):
+def nms_rows(case, outs, width):
+    """The node's output rows (numpy; int64 (K, width), each (image, class) in range, in that order, none
+    from no scores), the boxes and scores fed, and the scores' N and C."""
+    (rows,) = outs
+    boxes, scores = case.feeds["boxes"], case.feeds["scores"]
+    n, c = scores.shape[0], scores.shape[1]
     if rows.dtype != torch.int64 or rows.dim() != 2 or rows.shape[1] != width:
         raise CaseFailure(f"output {rows.dtype} {list(rows.shape)}, expected int64 (K, {width})")
     r = rows.numpy()
@@ -805,7 +808,9 @@ def nms_check_rows(rows, width, n, c):
     pairs = r[:, 0] * max(c, 1) + r[:, 1] if len(r) else np.zeros(0, np.int64)
     if (np.diff(pairs) < 0).any():
         raise CaseFailure(f"rows are not in (image, class) order: {r[:20].tolist()}")
-    return r
+    if not scores.numel() and len(r):
+        raise CaseFailure(f"rows {r[:8].tolist()} from no scores")
+    return r, boxes, scores, n, c
 
 
 def nms_rotated_case(rng):
@@ -885,13 +890,8 @@ def tensor(data, shape, dtype):
 
 
 def nms_rotated_check(case, outs, iou, score_thr):
-    (rows,) = outs
-    boxes, scores = case.feeds["boxes"], case.feeds["scores"]
-    n, c = scores.shape[0], scores.shape[1]
-    r = nms_check_rows(rows, 3, n, c)
+    r, boxes, scores, n, c = nms_rows(case, outs, 3)
     if not scores.numel():
-        if len(r):
-            raise CaseFailure(f"rows {r[:8].tolist()} from no scores")
         return "empty"
     thr = float(np.float32(score_thr))
     b64, s64 = boxes.double(), scores.double()
@@ -1002,13 +1002,8 @@ def nms_match_case(rng):
 def nms_match_check(case, outs):
     from test_mmdeploy_ops import nms_match_reference
 
-    (rows,) = outs
-    boxes, scores = case.feeds["boxes"], case.feeds["scores"]
-    n, c = scores.shape[0], scores.shape[1]
-    r = nms_check_rows(rows, 4, n, c)
+    r, boxes, scores, _, _ = nms_rows(case, outs, 4)
     if not scores.numel():
-        if len(r):
-            raise CaseFailure(f"rows {r[:8].tolist()} from no scores")
         return "empty"
     iou = float(case.feeds["iou_threshold"].double().reshape(-1)[0])
     score = float(case.feeds["score_threshold"].double().reshape(-1)[0])
@@ -1031,14 +1026,13 @@ CASES = {"grid_sampler": grid_sampler_case, "MMCVModulatedDeformConv2d": dcn_cas
 
 def run_case(target, seed, index):
     op = target.split(":", 1)[1]
-    rng = np.random.default_rng([seed, index])
-    torch.manual_seed(int(rng.integers(2**31)))
+    rng = case_rng(seed, index)
     case = CASES[op](rng)
     if rng.random() < 0.2:
         case.front = "ort_session"
     if rng.random() < 0.3:
         case.node_name = f"{op}_{index}"
-    print(f"CASE {target} {seed} {index}: {case.describe()}", flush=True)
+    announce(target, seed, index, case.describe())
     try:
         outs = run_case_in_ort(case)
     except Rejected as r:
@@ -1050,27 +1044,13 @@ def run_case(target, seed, index):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True, choices=TARGETS + ("all",))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--first", type=int, default=0, help="index of the first case")
-    parser.add_argument("--cases", type=int, default=100, help="number of cases (per target)")
-    parser.add_argument("--case", type=int, help="run only this case (reproduce a failure)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args, indices = command_line(__doc__, TARGETS + ("all",), argv, "number of cases (per target)")
     targets = TARGETS if args.target == "all" else (args.target,)
-    indices = [args.case] if args.case is not None else range(args.first, args.first + args.cases)
     failures = 0
     for target in targets:
-        tally, failed = collections.Counter(), 0
-        for k in indices:
-            try:
-                tally[run_case(target, args.seed, k)] += 1
-            except Exception:  # noqa: BLE001 (report and go on: one batch shows every failing case)
-                failed += 1
-                print(f"FAIL {target} {args.seed} {k}:\n{traceback.format_exc(limit=3)}", flush=True)
+        tally, failed = run_batch(run_case, target, args.seed, indices)
         valid = sum(v for what, v in tally.items() if what.startswith("valid"))
-        print(f"TALLY {target}: " + ", ".join(f"{v} {what}" for what, v in sorted(tally.items())), flush=True)
+        print(f"TALLY {target}: " + tallied(tally), flush=True)
         print(f"SPLIT {target}: {valid} valid, {sum(tally.values()) - valid} invalid, {failed} failed", flush=True)
         failures += failed
     print(f"DONE {len(indices) * len(targets)} cases, {failures} failed", flush=True)

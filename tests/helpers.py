@@ -43,6 +43,48 @@ def deform_inputs(n=2, c=6, o=4, h=9, w=8, kh=3, kw=2, stride=(1, 2), pad=(1, 0)
     return x, weight, offset, mask, bias
 
 
+#: deform_conv2d geometries (deform_inputs keyword arguments), by name: the torch tests run them all,
+#: the CUDA tests some of them
+DEFORM_CONFIGS = {
+    "basic-3x3": dict(n=2, c=4, o=6, h=7, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
+    "stride-2": dict(n=2, c=4, o=4, h=9, w=8, kh=3, kw=3, stride=(2, 2), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
+    "non-square-mixed": dict(n=2, c=6, o=4, h=9, w=8, kh=3, kw=2, stride=(1, 2), pad=(1, 0), dil=(1, 2), groups=2, offset_groups=3),
+    "dilation-2": dict(n=1, c=4, o=4, h=10, w=10, kh=3, kw=3, stride=(1, 1), pad=(2, 2), dil=(2, 2), groups=1, offset_groups=2),
+    "groups-4": dict(n=2, c=8, o=8, h=6, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=4, offset_groups=1),
+    "offset-groups-span-weight-groups": dict(n=2, c=6, o=6, h=6, w=6, kh=2, kw=2, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=3, offset_groups=2),
+    "1x1": dict(n=3, c=5, o=3, h=5, w=4, kh=1, kw=1, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1, offset_groups=5),
+    "batch-1-big-offsets": dict(n=1, c=3, o=2, h=8, w=8, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
+    # several pixel tiles per image (C*kh*kw = 576 -> ~455-pixel tiles) and several images
+    "multi-tile-batch-5": dict(n=5, c=64, o=8, h=24, w=26, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
+}
+
+
+class DCNv2Block(torch.nn.Module):
+    """A DCNv2 block as users write it: convolutions predict the offsets and the mask of a 3x3
+    deformable conv (``dcn_cls``: torchvision.ops.DeformConv2d or opforge.DeformConv2d; bias on)."""
+
+    def __init__(self, dcn_cls, c=4, o=8, groups=2, offset_groups=2):
+        super().__init__()
+        self.offset = torch.nn.Conv2d(c, 2 * offset_groups * 9, 3, padding=1)
+        self.mask = torch.nn.Conv2d(c, offset_groups * 9, 3, padding=1)
+        self.dcn = dcn_cls(c, o, 3, padding=1, groups=groups)
+
+    def forward(self, x):
+        return self.dcn(x, self.offset(x), torch.sigmoid(self.mask(x)))
+
+
+class DCNv1Block(torch.nn.Module):
+    """opforge.DeformConv2d without a mask, stride 2, its offsets predicted by a convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.nn.Conv2d(4, 2 * 9, 3, padding=1, stride=2)
+        self.dcn = opforge.DeformConv2d(4, 6, 3, padding=1, stride=2)
+
+    def forward(self, x):
+        return self.dcn(x, self.offset(x))
+
+
 def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(TensorProto.FLOAT, TensorProto.INT64),
                initializers=()):
     """A model with one org.pytorch.aten::ATen node: graph inputs ``inputs`` [(name, type)], then
@@ -63,13 +105,18 @@ def aten_model(operator, overload, inputs, consts=(), n_out=1, out_types=(Tensor
 
 def run_in_ort(spec, values) -> torch.Tensor:
     """The op's torch-order arguments ``values`` through a one-node model in ONNX Runtime (with
-    the op's library); the first output."""
-    from opforge.testing import single_node_model as spec_model
+    the op's library; every dtype, bfloat16 included); the first output. Expected errors are not
+    logged."""
+    import onnxruntime
 
-    sess = opforge.ort_session(spec_model(spec, values))
+    from opforge.testing import single_node_model as spec_model
+    from opforge.testing.support import _ort_run
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    sess = opforge.ort_session(spec_model(spec, values), options)
     tensors, _ = spec.split_args(list(values))
-    feeds = {a.onnx_name: v.contiguous().numpy() for a, v in zip(spec.tensor_args, tensors) if v is not None}
-    return torch.from_numpy(sess.run(None, feeds)[0])
+    return _ort_run(sess, {a.onnx_name: t for a, t in zip(spec.tensor_args, tensors) if t is not None})[0]
 
 
 def scratch_venv(base) -> str:

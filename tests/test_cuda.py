@@ -17,7 +17,7 @@ from torch.testing import assert_close
 from torchvision.ops import deform_conv2d as tv_deform_conv2d
 
 import opforge
-from helpers import deform_inputs
+from helpers import DEFORM_CONFIGS, deform_inputs
 
 HAVE_GPU = torch.cuda.is_available()
 
@@ -116,13 +116,8 @@ def test_cpu_only_build_explains_itself_for_cuda_tensors():
 
 # ---- deform_conv2d ---------------------------------------------------------------------
 
-CONFIGS = {
-    "basic-3x3": dict(n=2, c=4, o=6, h=7, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-    "non-square-mixed": dict(n=2, c=6, o=4, h=9, w=8, kh=3, kw=2, stride=(1, 2), pad=(1, 0), dil=(1, 2), groups=2, offset_groups=3),
-    "groups-4": dict(n=2, c=8, o=8, h=6, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=4, offset_groups=1),
-    "offset-groups-span-weight-groups": dict(n=2, c=6, o=6, h=6, w=6, kh=2, kw=2, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=3, offset_groups=2),
-    "batch-5-64ch": dict(n=5, c=64, o=8, h=24, w=26, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-}
+CONFIGS = {name: DEFORM_CONFIGS[name] for name in ("basic-3x3", "non-square-mixed", "groups-4",
+                                                  "offset-groups-span-weight-groups", "multi-tile-batch-5")}
 
 
 def _leaves(cfg, dtype, device, scale=2.0):
@@ -163,7 +158,7 @@ def test_forward_and_gradients_match_torchvision_cuda_and_cpu(name, use_mask):
 @needs_cuda_build
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_lower_precision_dtypes_against_float64(dtype):
-    cfg = CONFIGS["batch-5-64ch"]
+    cfg = CONFIGS["multi-tile-batch-5"]
     leaves = _leaves(cfg, dtype, DEV)
     # reference: float64 on exactly the rounded inputs, so only the arithmetic precision differs
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -356,6 +351,17 @@ def _rar_case(n=2, c=5, h=11, w=13, k=40, scale=0.5, seed=0, dtype=torch.float64
     return x.to(dtype), rois.to(dtype)
 
 
+@pytest.fixture(params=[(config, dtype) for config in ROTATED_CONFIGS for dtype in DTYPES],
+                ids=lambda param: f"{param[0]}-{param[1]}")
+def rotated_case(request):
+    """(input, rois) of _rar_case for one ROTATED_CONFIGS entry in one dtype, its (output_size,
+    spatial_scale, sampling_ratio, aligned, clockwise) and the dtype: the torch and the ORT CUDA
+    tests run the same cases."""
+    config, dtype = request.param
+    x, rois = _rar_case(scale=ROTATED_CONFIGS[config][1], seed=len(config), dtype=dtype)
+    return x, rois, ROTATED_CONFIGS[config], dtype
+
+
 def _rotated_close(got, want, dtype, scale=1.0):
     tol = ROTATED_TOL[dtype] * scale
     size = max(1.0, want.double().abs().max().item()) if want.numel() else 1.0
@@ -386,11 +392,8 @@ def _raised(fn) -> BaseException:
 
 
 @needs_cuda_build
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("config", list(ROTATED_CONFIGS))
-def test_roi_align_rotated_cuda_matches_cpu(config, dtype):
-    size, scale, sr, aligned, cw = ROTATED_CONFIGS[config]
-    x, rois = _rar_case(scale=scale, seed=len(config), dtype=dtype)
+def test_roi_align_rotated_cuda_matches_cpu(rotated_case):
+    x, rois, (size, scale, sr, aligned, cw), dtype = rotated_case
     on_cpu, on_dev = x.clone().requires_grad_(), x.clone().to(DEV).requires_grad_()
     want = opforge.roi_align_rotated(on_cpu, rois, size, scale, sr, aligned, cw)
     got = opforge.roi_align_rotated(on_dev, rois.to(DEV), size, scale, sr, aligned, cw)
@@ -655,11 +658,8 @@ def _ort_cuda_and_cpu(spec, values):
 
 @needs_cuda_build
 @needs_ort_cuda
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("config", list(ROTATED_CONFIGS))
-def test_ort_cuda_ep_roi_align_rotated_matches_cpu_ep(config, dtype):
-    size, scale, sr, aligned, cw = ROTATED_CONFIGS[config]
-    x, rois = _rar_case(scale=scale, seed=len(config), dtype=dtype)
+def test_ort_cuda_ep_roi_align_rotated_matches_cpu_ep(rotated_case):
+    x, rois, (size, scale, sr, aligned, cw), dtype = rotated_case
     (got,), provider, (want,) = _ort_cuda_and_cpu(ROI_ALIGN_ROTATED, (x, rois, *size, scale, sr, aligned, cw))
     assert provider == "CUDAExecutionProvider"
     assert got.dtype == dtype and got.shape == (40, 5, *size)

@@ -13,36 +13,13 @@ from onnx import TensorProto, helper
 import opforge
 from opforge.symbolics import reference
 
-from helpers import deform_inputs
-
-
-class TorchvisionDCN(torch.nn.Module):
-    """A DCNv2 block as users write it with torchvision (the model TorchScript could never export)."""
-
-    def __init__(self, dcn_cls=torchvision.ops.DeformConv2d, c=4, o=8, groups=2, offset_groups=2):
-        super().__init__()
-        self.offset = torch.nn.Conv2d(c, 2 * offset_groups * 9, 3, padding=1)
-        self.mask = torch.nn.Conv2d(c, offset_groups * 9, 3, padding=1)
-        self.dcn = dcn_cls(c, o, 3, padding=1, groups=groups)
-
-    def forward(self, x):
-        return self.dcn(x, self.offset(x), torch.sigmoid(self.mask(x)))
-
-
-class OpforgeDCNv1(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.offset = torch.nn.Conv2d(4, 2 * 9, 3, padding=1, stride=2)
-        self.dcn = opforge.DeformConv2d(4, 6, 3, padding=1, stride=2)
-
-    def forward(self, x):
-        return self.dcn(x, self.offset(x))
+from helpers import DCNv1Block, DCNv2Block, deform_inputs
 
 
 MODELS = {
-    "torchvision-dcnv2": lambda: TorchvisionDCN(),
-    "opforge-dcnv2": lambda: TorchvisionDCN(opforge.DeformConv2d),
-    "opforge-dcnv1-stride2": lambda: OpforgeDCNv1(),
+    "torchvision-dcnv2": lambda: DCNv2Block(torchvision.ops.DeformConv2d),
+    "opforge-dcnv2": lambda: DCNv2Block(opforge.DeformConv2d),
+    "opforge-dcnv1-stride2": lambda: DCNv1Block(),
 }
 CASES = [(e, o) for e in ("torchscript", "dynamo") for o in (17, 18, 19, 20) if not (e == "dynamo" and o < 18)]
 #: onnx.reference outputs by (graph, the implementation each node resolves to, input): its DeformConv
@@ -105,7 +82,7 @@ def test_round_trip(model_name, exporter, opset):
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_custom_op_can_be_forced_at_any_opset(exporter):
-    model = TorchvisionDCN().eval()
+    model = DCNv2Block(torchvision.ops.DeformConv2d).eval()
     proto = export(model, torch.randn(1, 4, 8, 8), exporter, 20, standard_onnx=False)
     assert [(n.domain, n.op_type) for n in proto.graph.node if "eform" in n.op_type] == [("opforge", "deform_conv2d")]
     x = torch.randn(2, 4, 10, 9)
@@ -116,7 +93,8 @@ def test_custom_op_can_be_forced_at_any_opset(exporter):
 
 def test_standard_deform_conv_below_opset_19_is_a_clear_error():
     with pytest.raises(ValueError, match=r"opforge::deform_conv2d has no standard-ONNX equivalent at opset 17"):
-        export(TorchvisionDCN().eval(), torch.randn(1, 4, 8, 8), "dynamo", 17, standard_onnx={"deform_conv2d"})
+        export(DCNv2Block(torchvision.ops.DeformConv2d).eval(), torch.randn(1, 4, 8, 8), "dynamo", 17,
+               standard_onnx={"deform_conv2d"})
 
 
 def test_plain_torch_onnx_export_of_a_torchvision_model():
@@ -124,7 +102,7 @@ def test_plain_torch_onnx_export_of_a_torchvision_model():
     import io
 
     buf = io.BytesIO()
-    model = TorchvisionDCN().eval()
+    model = DCNv2Block(torchvision.ops.DeformConv2d).eval()
     torch.onnx.export(model, (torch.randn(1, 4, 8, 8),), buf, dynamo=False, opset_version=16, input_names=["x"])
     proto = onnx.load_from_string(buf.getvalue())
     assert ("opforge", "deform_conv2d") in [(n.domain, n.op_type) for n in proto.graph.node]

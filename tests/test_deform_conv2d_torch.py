@@ -11,21 +11,7 @@ from torchvision.ops import deform_conv2d as tv_deform_conv2d
 
 import opforge
 from preloaded_python import run_python
-from helpers import deform_inputs
-
-# (name, deform_inputs kwargs): mask/bias are toggled separately.
-CONFIGS = {
-    "basic-3x3": dict(n=2, c=4, o=6, h=7, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-    "stride-2": dict(n=2, c=4, o=4, h=9, w=8, kh=3, kw=3, stride=(2, 2), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-    "non-square-mixed": dict(n=2, c=6, o=4, h=9, w=8, kh=3, kw=2, stride=(1, 2), pad=(1, 0), dil=(1, 2), groups=2, offset_groups=3),
-    "dilation-2": dict(n=1, c=4, o=4, h=10, w=10, kh=3, kw=3, stride=(1, 1), pad=(2, 2), dil=(2, 2), groups=1, offset_groups=2),
-    "groups-4": dict(n=2, c=8, o=8, h=6, w=7, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=4, offset_groups=1),
-    "offset-groups-span-weight-groups": dict(n=2, c=6, o=6, h=6, w=6, kh=2, kw=2, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=3, offset_groups=2),
-    "1x1": dict(n=3, c=5, o=3, h=5, w=4, kh=1, kw=1, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1, offset_groups=5),
-    "batch-1-big-offsets": dict(n=1, c=3, o=2, h=8, w=8, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-    # several pixel tiles per image (C*kh*kw = 576 -> ~455-pixel tiles) and several images
-    "multi-tile-batch-5": dict(n=5, c=64, o=8, h=24, w=26, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1, offset_groups=1),
-}
+from helpers import DEFORM_CONFIGS, deform_inputs
 
 
 def run_both(cfg, use_mask, use_bias, dtype=torch.float64, offset_scale=2.0, requires_grad=False):
@@ -44,9 +30,9 @@ def run_both(cfg, use_mask, use_bias, dtype=torch.float64, offset_scale=2.0, req
 
 @pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("use_mask", [True, False], ids=["dcnv2", "dcnv1"])
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", list(DEFORM_CONFIGS))
 def test_forward_and_gradients_match_torchvision(name, use_mask, use_bias):
-    cfg = CONFIGS[name]
+    cfg = DEFORM_CONFIGS[name]
     scale = 6.0 if "big-offsets" in name else 2.0  # many samples outside the image
     ours, ref, leaves = run_both(cfg, use_mask, use_bias, offset_scale=scale, requires_grad=True)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
@@ -59,13 +45,13 @@ def test_forward_and_gradients_match_torchvision(name, use_mask, use_bias):
 
 
 def test_float32_forward_matches_torchvision():
-    ours, ref, _ = run_both(CONFIGS["multi-tile-batch-5"], True, True, dtype=torch.float32)
+    ours, ref, _ = run_both(DEFORM_CONFIGS["multi-tile-batch-5"], True, True, dtype=torch.float32)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_16bit_computes_in_float32(dtype):
-    cfg = CONFIGS["non-square-mixed"]
+    cfg = DEFORM_CONFIGS["non-square-mixed"]
     x, w, off, mask, b = (t.to(dtype).requires_grad_() for t in deform_inputs(**cfg, dtype=torch.float32))
     kwargs = dict(stride=cfg["stride"], padding=cfg["pad"], dilation=cfg["dil"])
     out = opforge.deform_conv2d(x, off, w, b, mask=mask, **kwargs)
@@ -82,7 +68,7 @@ def test_16bit_computes_in_float32(dtype):
 
 
 def test_empty_batch():
-    cfg = dict(CONFIGS["basic-3x3"], n=0)
+    cfg = dict(DEFORM_CONFIGS["basic-3x3"], n=0)
     x, w, off, mask, b = deform_inputs(**cfg, dtype=torch.float32)
     x.requires_grad_()
     out = opforge.deform_conv2d(x, off, w, b, padding=1, mask=mask)

@@ -21,7 +21,7 @@ import torch
 
 import opforge
 
-from helpers import to_numpy, without_cuda
+from helpers import DCNv1Block, DCNv2Block, to_numpy, without_cuda
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_ROOT = REPO / "build" / "deploy-venvs"
@@ -85,31 +85,6 @@ class MyAddModel(torch.nn.Module):
         return opforge.my_add(a, b)
 
 
-class DCNv2(torch.nn.Module):
-    """Offsets and mask predicted by convolutions, as real DCNv2 blocks do; bias on."""
-
-    def __init__(self, c=4, o=6, groups=2, offset_groups=2):
-        super().__init__()
-        self.offset = torch.nn.Conv2d(c, 2 * offset_groups * 9, 3, padding=1)
-        self.mask = torch.nn.Conv2d(c, offset_groups * 9, 3, padding=1)
-        self.dcn = opforge.DeformConv2d(c, o, 3, padding=1, groups=groups, bias=True)
-
-    def forward(self, x):
-        return self.dcn(x, self.offset(x), torch.sigmoid(self.mask(x)))
-
-
-class DCNv1(torch.nn.Module):
-    """No mask; stride 2."""
-
-    def __init__(self):
-        super().__init__()
-        self.offset = torch.nn.Conv2d(4, 2 * 9, 3, padding=1, stride=2)
-        self.dcn = opforge.DeformConv2d(4, 6, 3, padding=1, stride=2)
-
-    def forward(self, x):
-        return self.dcn(x, self.offset(x))
-
-
 # Tolerances. my_add: 2·a is exact in float32 and the add rounds once, in the same header-only core
 # in both kernels, so ORT must equal torch bit for bit. deform_conv2d models: our kernel shares its
 # core with torch's too, but the offset/mask convolutions run in ORT's Conv (MLAS) vs torch's
@@ -153,11 +128,11 @@ def deployment(tmp_path_factory) -> Path:
                      (torch.randn(2, 3, 4), torch.randn(3, 1)), (torch.randn(5, 3, 4), torch.randn(3, 1)),
                      dynamo=True, opset=18, input_names=["a", "b"], op="my_add", rtol=0, atol=0,
                      dynamic_shapes=({0: torch.export.Dim("batch")}, None)),
-        _export_case(models, "deform_conv2d-dcnv2-mask-bias-torchscript17", DCNv2(),
+        _export_case(models, "deform_conv2d-dcnv2-mask-bias-torchscript17", DCNv2Block(opforge.DeformConv2d, o=6),
                      (torch.randn(2, 4, 9, 11),), (torch.randn(3, 4, 12, 7),),
                      dynamo=False, opset=17, input_names=["x"], op="deform_conv2d", rtol=DCN_TOL, atol=DCN_TOL,
                      dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}}),
-        _export_case(models, "deform_conv2d-dcnv1-dynamo18", DCNv1(),
+        _export_case(models, "deform_conv2d-dcnv1-dynamo18", DCNv1Block(),
                      (torch.randn(2, 4, 9, 11),), (torch.randn(3, 4, 12, 7),),
                      dynamo=True, opset=18, input_names=["x"], op="deform_conv2d", rtol=DCN_TOL, atol=DCN_TOL,
                      dynamic_shapes=(dims,)),

@@ -24,6 +24,7 @@ atomics, cuBLAS, streams) is in test_cuda.py.
 """
 
 import ctypes
+import inspect
 import shutil
 import subprocess
 from pathlib import Path
@@ -62,10 +63,9 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-def _params(x, w, offset_groups, stride, pad, dil, groups, use_mask):
+def _params(x, w, geometry, use_mask):
     n, c, h, wd = x.shape
-    return np.array([n, c, h, wd, w.shape[0], w.shape[2], w.shape[3], *stride, *pad, *dil, groups, offset_groups,
-                     int(use_mask)], dtype=np.int64)
+    return np.array([n, c, h, wd, w.shape[0], w.shape[2], w.shape[3], *geometry, int(use_mask)], dtype=np.int64)
 
 
 CASES = [
@@ -79,39 +79,47 @@ CASES = [
 ]
 
 
+_DEFORM_DEFAULTS = {name: p.default for name, p in inspect.signature(deform_inputs).parameters.items()}
+
+
+def _deform_case(kwargs, dtype, use_mask):
+    """A CASES entry: deform_inputs(dtype=dtype, **kwargs), the same tensors as leaves that require
+    grad, torchvision's output on the leaves, and the geometry the tensors were drawn with
+    (deform_inputs' defaults where kwargs names none) as the kernels' flat list: stride, padding and
+    dilation (h, w each), groups, offset_groups."""
+    tensors = deform_inputs(dtype=dtype, **kwargs)
+    drawn = {**_DEFORM_DEFAULTS, **kwargs}
+    geometry = [*drawn["stride"], *drawn["pad"], *drawn["dil"], drawn["groups"], drawn["offset_groups"]]
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    x, w, off, mask, b = leaves
+    out = torchvision.ops.deform_conv2d(x, off, w, b, geometry[0:2], geometry[2:4], geometry[4:6],
+                                        mask if use_mask else None)
+    return tensors, leaves, out, geometry
+
+
 @pytest.mark.parametrize("kwargs,use_mask,chunk", CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_forward_items_match_torchvision(emu, kwargs, use_mask, chunk, dtype):
-    x, w, off, mask, b = deform_inputs(dtype=dtype, **kwargs)
-    stride, pad, dil = kwargs.get("stride", (1, 2)), kwargs.get("pad", (1, 0)), kwargs.get("dil", (1, 2))
-    groups, og = kwargs.get("groups", 2), kwargs.get("offset_groups", 3)
-    want = torchvision.ops.deform_conv2d(x, off, w, b, stride, pad, dil, mask if use_mask else None)
+    (x, w, off, mask, b), _, want, geometry = _deform_case(kwargs, dtype, use_mask)
     arrays = [t.contiguous().numpy() for t in (x, w, off, mask, b)]
     out = np.full(tuple(want.shape), np.nan, dtype=arrays[0].dtype)
     fn = emu.emu_deform_forward_f64 if dtype == torch.float64 else emu.emu_deform_forward_f32
-    assert fn(_ptr(_params(x, w, og, stride, pad, dil, groups, use_mask)), ctypes.c_int64(chunk),
-              *map(_ptr, arrays), _ptr(out)) == 0
+    assert fn(_ptr(_params(x, w, geometry, use_mask)), ctypes.c_int64(chunk), *map(_ptr, arrays), _ptr(out)) == 0
     tol = 1e-10 if dtype == torch.float64 else 1e-4
-    np.testing.assert_allclose(out, want.numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("kwargs,use_mask,chunk", CASES)
 def test_backward_items_match_torchvision(emu, kwargs, use_mask, chunk):
-    x, w, off, mask, b = deform_inputs(dtype=torch.float64, **kwargs)
-    stride, pad, dil = kwargs.get("stride", (1, 2)), kwargs.get("pad", (1, 0)), kwargs.get("dil", (1, 2))
-    groups, og = kwargs.get("groups", 2), kwargs.get("offset_groups", 3)
-    leaves = [t.clone().requires_grad_() for t in (x, w, off, mask, b)]
-    out = torchvision.ops.deform_conv2d(leaves[0], leaves[2], leaves[1], leaves[4], stride, pad, dil,
-                                        leaves[3] if use_mask else None)
+    (x, w, off, mask, b), leaves, out, geometry = _deform_case(kwargs, torch.float64, use_mask)
     grad = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out.backward(grad)
     arrays = [t.contiguous().numpy() for t in (grad, x, w, off, mask)]
     gx, gw, goff, gm = (np.full(t.shape, np.nan) for t in (x, w, off, mask))
     if not use_mask:
         gm[:] = 0
-    assert emu.emu_deform_backward_f64(_ptr(_params(x, w, og, stride, pad, dil, groups, use_mask)),
-                                       ctypes.c_int64(chunk), *map(_ptr, arrays), _ptr(gx), _ptr(gw), _ptr(goff),
-                                       _ptr(gm)) == 0
+    assert emu.emu_deform_backward_f64(_ptr(_params(x, w, geometry, use_mask)), ctypes.c_int64(chunk),
+                                       *map(_ptr, arrays), _ptr(gx), _ptr(gw), _ptr(goff), _ptr(gm)) == 0
     for name, got, leaf in (("input", gx, leaves[0]), ("weight", gw, leaves[1]), ("offset", goff, leaves[2])):
         np.testing.assert_allclose(got, leaf.grad.numpy(), rtol=1e-9, atol=1e-9, err_msg=f"grad {name}")
     if use_mask:
@@ -177,16 +185,11 @@ def _budget(x, w, chunk_images, use_kk_p):
 @pytest.mark.parametrize("kwargs,use_mask,chunk", CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_torch_cuda_algorithm_matches_torchvision(batched, kwargs, use_mask, chunk, dtype):
-    x, w, off, mask, b = deform_inputs(dtype=dtype, **kwargs)
-    stride, pad, dil = kwargs.get("stride", (1, 2)), kwargs.get("pad", (1, 0)), kwargs.get("dil", (1, 2))
-    groups, og = kwargs.get("groups", 2), kwargs.get("offset_groups", 3)
-    leaves = [t.clone().requires_grad_() for t in (x, w, off, mask, b)]
-    ref = torchvision.ops.deform_conv2d(leaves[0], leaves[2], leaves[1], leaves[4], stride, pad, dil,
-                                        leaves[3] if use_mask else None)
+    (x, w, off, mask, b), leaves, ref, geometry = _deform_case(kwargs, dtype, use_mask)
     grad = torch.randn(ref.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
     ref.backward(grad)
     budget = _budget(x, w, chunk, w.shape[2] * w.shape[3] * ref.shape[2] * ref.shape[3])
-    args = (*stride, *pad, *dil, groups, og, use_mask, budget)
+    args = (geometry, use_mask, budget)
     tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(batched.forward(x, w, off, mask, b, *args), ref.detach(), **tol)
     gx, gw, goff, gm, gb = batched.backward(grad, x, w, off, mask, b, *args)

@@ -19,21 +19,12 @@ import opforge
 from opforge.ops.nms_rotated import BATCHED_NMS_ROTATED, NMS_ROTATED, _greedy, _iou
 from opforge.symbolics.onnx_schema import NodeTypeError
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
-from opforge.testing.support import _ort_run
+
+from helpers import run_in_ort
 
 OP = "opforge::nms_rotated"
 BOP = "opforge::batched_nms_rotated"
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-
-
-def run_in_ort(spec, values):
-    """The op's torch-order arguments through a one-node model in ONNX Runtime (every dtype, bfloat16
-    included); the kept indices. Expected errors are not logged."""
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 4
-    sess = opforge.ort_session(single_node_model(spec, values), options)
-    tensors, _ = spec.split_args(list(values))
-    return _ort_run(sess, {a.onnx_name: t for a, t in zip(spec.tensor_args, tensors)})[0]
 
 
 def reference(boxes, scores, iou_threshold, labels=None):

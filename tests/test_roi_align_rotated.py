@@ -20,23 +20,14 @@ import opforge
 from opforge.ops.roi_align_rotated import ROI_ALIGN_ROTATED, _reference
 from opforge.symbolics.onnx_schema import NodeTypeError
 from opforge.testing import BadSample, Sample, op_tests, single_node_model
-from opforge.testing.support import _ort_run
+
+from helpers import run_in_ort
 
 OP = "opforge::roi_align_rotated"
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 #: rtol = atol of a kernel in that dtype against a float64 reference on the same (rounded) inputs:
 #: float32 computes in float32; the 16-bit types compute in float32 and round the result once.
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def run_in_ort(spec, values):
-    """The op's torch-order arguments through a one-node model in ONNX Runtime (every dtype, bfloat16
-    included); the first output. Expected errors are not logged."""
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 4
-    sess = opforge.ort_session(single_node_model(spec, values), options)
-    tensors, _ = spec.split_args(list(values))
-    return _ort_run(sess, {a.onnx_name: t for a, t in zip(spec.tensor_args, tensors)})[0]
 
 
 def close(got, want, dtype, scale=1.0):

@@ -46,13 +46,20 @@ struct HostSampler {
   }
 };
 
+// The op's int arguments in one list (stride, padding and dilation, h and w each, then groups and
+// offset_groups), checked with the tensors as the torch front end checks them.
+DeformConv2dParams checked_params(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+                                  const at::Tensor& mask, const at::Tensor& bias, at::IntArrayRef geometry,
+                                  bool use_mask) {
+  TORCH_CHECK(geometry.size() == 8, "geometry: stride, padding, dilation (h, w each), groups, offset_groups");
+  const int64_t* g = geometry.data();
+  return opforge::deform_conv2d_check_args(input, weight, offset, mask, bias, g[0], g[1], g[2], g[3], g[4], g[5], g[6],
+                                           g[7], use_mask);
+}
+
 at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset, const at::Tensor& mask,
-                   const at::Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                   int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups, bool use_mask,
-                   int64_t column_budget_bytes) {
-  const DeformConv2dParams p = opforge::deform_conv2d_check_args(input, weight, offset, mask, bias, stride_h, stride_w,
-                                                                 pad_h, pad_w, dil_h, dil_w, groups, offset_groups,
-                                                                 use_mask);
+                   const at::Tensor& bias, at::IntArrayRef geometry, bool use_mask, int64_t column_budget_bytes) {
+  const DeformConv2dParams p = checked_params(input, weight, offset, mask, bias, geometry, use_mask);
   return opforge::deform_conv2d_batched_forward(p, input.contiguous(), weight.contiguous(), offset.contiguous(),
                                                 mask.contiguous(), bias.contiguous(), HostSampler{},
                                                 column_budget_bytes);
@@ -60,11 +67,9 @@ at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const at::
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-    const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-    int64_t dil_h, int64_t dil_w, int64_t groups, int64_t offset_groups, bool use_mask, int64_t column_budget_bytes) {
-  const DeformConv2dParams p = opforge::deform_conv2d_check_args(input, weight, offset, mask, bias, stride_h, stride_w,
-                                                                 pad_h, pad_w, dil_h, dil_w, groups, offset_groups,
-                                                                 use_mask);
+    const at::Tensor& mask, const at::Tensor& bias, at::IntArrayRef geometry, bool use_mask,
+    int64_t column_budget_bytes) {
+  const DeformConv2dParams p = checked_params(input, weight, offset, mask, bias, geometry, use_mask);
   return opforge::deform_conv2d_batched_backward(p, grad.contiguous(), input.contiguous(), weight.contiguous(),
                                                  offset.contiguous(), mask.contiguous(), HostSampler{},
                                                  column_budget_bytes);

@@ -38,6 +38,7 @@ not raised.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -175,24 +176,21 @@ def _models():
         def forward(self, input, rois):
             return self.op(input, rois)
 
-    class NMSRotated(torch.nn.Module):
-        def __init__(self, iou_threshold, score_threshold):
+    class MulticlassNMS(torch.nn.Module):
+        """mmdeploy's multiclass_nms_rotated (boxes (N, B, 5)) or multiclass_nms_match (boxes (N, B, 4)),
+        scores (N, B, C)."""
+
+        def __init__(self, nms, iou_threshold, score_threshold):
             super().__init__()
+            self.nms = nms
             self.kw = dict(iou_threshold=iou_threshold, score_threshold=score_threshold)
 
-        def forward(self, boxes, scores):  # boxes (N, B, 5), scores (N, B, C)
-            return multiclass_nms_rotated(boxes, scores, **self.kw)
-
-    class NMSMatch(torch.nn.Module):
-        def __init__(self, iou_threshold, score_threshold):
-            super().__init__()
-            self.kw = dict(iou_threshold=iou_threshold, score_threshold=score_threshold)
-
-        def forward(self, boxes, scores):  # boxes (N, B, 4), scores (N, B, C)
-            return multiclass_nms_match(boxes, scores, **self.kw)
+        def forward(self, boxes, scores):
+            return self.nms(boxes, scores, **self.kw)
 
     return types.SimpleNamespace(GridSample=GridSample, MDCN=MDCN, RoIAlignRotated=RoIAlignRotated,
-                                 NMSRotated=NMSRotated, NMSMatch=NMSMatch)
+                                 NMSRotated=functools.partial(MulticlassNMS, multiclass_nms_rotated),
+                                 NMSMatch=functools.partial(MulticlassNMS, multiclass_nms_match))
 
 
 # ---- input cases -------------------------------------------------------------------------------
@@ -405,30 +403,34 @@ def build(out: Path, M) -> dict:
     import torch
     files = {}
 
-    def add(fname, op, model_desc, cases, made_by, node_output, extra=None):
-        path = out / fname
-        np.savez_compressed(path.with_suffix(".npz"),
-                            **{f"{c}__{k}": v for c, arrays in cases.items() for k, v in arrays.items()})
-        files[fname] = dict(op=op, model=model_desc, cases=list(cases), made_by=made_by, node_output=node_output,
-                            **(extra or {}))
-
     MMDEPLOY = ("mmdeploy.apis.onnx.export(model, args, prefix, backend='onnxruntime', opset_version=11, "
                 "context_info={'deploy_cfg': ...}) (patch_model + RewriterContext + torch.onnx.export)")
+
+    def export(fname, op, model, cases, input_names, output_names, dynamic_axes, model_desc, exposed=None):
+        """mmdeploy-exports ``model`` (traced on the "random" case) into ``fname``, the custom node's
+        output also made graph output ``exposed`` if given, and records the file and its cases."""
+        first = cases["random"]
+        mmdeploy_export(model, tuple(first[k] for k in input_names), out / fname, input_names, output_names,
+                        dynamic_axes)
+        made_by = MMDEPLOY
+        if exposed:
+            expose_node_output(out / fname, op, exposed)
+            made_by += f"; then the node's output also made graph output {exposed!r}"
+        np.savez_compressed((out / fname).with_suffix(".npz"),
+                            **{f"{c}__{k}": v for c, arrays in cases.items() for k, v in arrays.items()})
+        files[fname] = dict(op=op, model=model_desc, cases=list(cases), made_by=made_by,
+                            node_output=exposed or "output")
 
     # 1. grid_sampler: every mode x padding x align_corners
     for mode in ("bilinear", "nearest", "bicubic"):
         for pad in ("zeros", "border", "reflection"):
             for ac in (False, True):
                 fname = f"grid_sampler_{mode}_{pad}_ac{int(ac)}.onnx"
-                cases = grid_cases(fname, mode)
-                first = cases["random"]
-                mmdeploy_export(M.GridSample(mode, pad, ac), (first["input"], first["grid"]), out / fname,
-                                ["input", "grid"], ["output"],
-                                {"input": IMG_AXES, "grid": {0: "batch", 1: "out_height", 2: "out_width"},
-                                 "output": {0: "batch", 2: "out_height", 3: "out_width"}})
-                add(fname, "grid_sampler",
-                    f"torch.nn.functional.grid_sample(input, grid, mode={mode!r}, padding_mode={pad!r}, "
-                    f"align_corners={ac})", cases, MMDEPLOY, "output")
+                export(fname, "grid_sampler", M.GridSample(mode, pad, ac), grid_cases(fname, mode), ["input", "grid"],
+                       ["output"], {"input": IMG_AXES, "grid": {0: "batch", 1: "out_height", 2: "out_width"},
+                                    "output": {0: "batch", 2: "out_height", 3: "out_width"}},
+                       f"torch.nn.functional.grid_sample(input, grid, mode={mode!r}, padding_mode={pad!r}, "
+                       f"align_corners={ac})")
 
     # 2. MMCVModulatedDeformConv2d
     dcn_specs = [
@@ -447,14 +449,10 @@ def build(out: Path, M) -> dict:
     for name, cin, cout, k, stride, padding, dilation, groups, dg, bias, note in dcn_specs:
         fname = f"{name}.onnx"
         cases = dcn_cases(fname, cin, k, stride, padding, dilation, dg)
-        first = cases["random"]
         model = M.MDCN(cin, cout, k, stride, padding, dilation, groups, dg, bias)
-        mmdeploy_export(model, (first["input"], first["offset"], first["mask"]), out / fname,
-                        ["input", "offset", "mask"], ["output"], dcn_axes)
-        add(fname, "MMCVModulatedDeformConv2d",
-            f"mmcv.ops.ModulatedDeformConv2d({cin}, {cout}, {k}, stride={stride}, padding={padding}, "
-            f"dilation={dilation}, groups={groups}, deform_groups={dg}, bias={bias}); {note}", cases, MMDEPLOY,
-            "output")
+        export(fname, "MMCVModulatedDeformConv2d", model, cases, ["input", "offset", "mask"], ["output"], dcn_axes,
+               f"mmcv.ops.ModulatedDeformConv2d({cin}, {cout}, {k}, stride={stride}, padding={padding}, "
+               f"dilation={dilation}, groups={groups}, deform_groups={dg}, bias={bias}); {note}")
         if name == "dcn_groups2_deform_groups2":
             renamed = "mmcv_domain_dcn_groups2_deform_groups2.onnx"
             rename_domain(out / fname, out / renamed, "MMCVModulatedDeformConv2d", "mmcv")
@@ -464,6 +462,7 @@ def build(out: Path, M) -> dict:
         if name == "dcn_bias":
             # mmcv's own symbolic writes mmcv::MMCVModulatedDeformConv2d: plain torch.onnx.export, no mmdeploy
             mfile = "mmcv_domain_dcn_bias.onnx"
+            first = cases["random"]
             torch.onnx.export(model.eval(), tuple(torch.from_numpy(first[k]) for k in ("input", "offset", "mask")),
                               str(out / mfile), opset_version=OPSET, input_names=["input", "offset", "mask"],
                               output_names=["output"], dynamic_axes=dcn_axes)
@@ -473,56 +472,43 @@ def build(out: Path, M) -> dict:
 
     # INT attributes: mmcv.ops.modulated_deform_conv2d called with plain ints
     fname = "dcn_int_attrs.onnx"
-    cases = dcn_cases(fname, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1)
-    first = cases["random"]
-    mmdeploy_export(M.MDCN(8, 4, (3, 3), 1, 1, 1, 1, 1, True, int_attrs=True),
-                    (first["input"], first["offset"], first["mask"]), out / fname, ["input", "offset", "mask"],
-                    ["output"], dcn_axes)
-    add(fname, "MMCVModulatedDeformConv2d",
-        "mmcv.ops.modulated_deform_conv2d(input, offset, mask, weight (4, 8, 3, 3), bias, 1, 1, 1, 1, 1): "
-        "plain ints -> INT attributes", cases, MMDEPLOY, "output")
+    export(fname, "MMCVModulatedDeformConv2d", M.MDCN(8, 4, (3, 3), 1, 1, 1, 1, 1, True, int_attrs=True),
+           dcn_cases(fname, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1), ["input", "offset", "mask"], ["output"], dcn_axes,
+           "mmcv.ops.modulated_deform_conv2d(input, offset, mask, weight (4, 8, 3, 3), bias, 1, 1, 1, 1, 1): "
+           "plain ints -> INT attributes")
 
-    # 3. NMSRotated (mmdeploy.mmcv.ops.nms_rotated.multiclass_nms_rotated)
+    # 3. and 5.: mmdeploy's multiclass NMS functions, the custom node's output also made graph output
     nms_axes = {"boxes": {0: "batch", 1: "num_boxes"}, "scores": {0: "batch", 1: "num_boxes"},
                 "dets": {0: "batch", 1: "num_dets"}, "labels": {0: "batch", 1: "num_dets"}}
-    for iou, score in ((0.1, 0.05), (0.5, 0.3)):
-        fname = f"nms_rotated_iou{iou}_score{score}.onnx"
-        cases = nms_rotated_cases(fname, score)
-        first = cases["random"]
-        mmdeploy_export(M.NMSRotated(iou, score), (first["boxes"], first["scores"]), out / fname,
-                        ["boxes", "scores"], ["dets", "labels"], nms_axes)
-        expose_node_output(out / fname, "NMSRotated")
-        add(fname, "NMSRotated", f"mmdeploy.mmcv.ops.nms_rotated.multiclass_nms_rotated(boxes, scores, "
-            f"iou_threshold={iou}, score_threshold={score}); boxes (N, B, 5) = (cx, cy, w, h, angle), scores "
-            "(N, B, C) transposed to (N, C, B) before the node", cases,
-            MMDEPLOY + "; then the node's output also made graph output 'nms_index'", "nms_index")
+
+    def export_nms(op, name, model, make_cases, thresholds, function, about):
+        for iou, score in thresholds:
+            fname = f"{name}_iou{iou}_score{score}.onnx"
+            export(fname, op, model(iou, score), make_cases(fname, score), ["boxes", "scores"], ["dets", "labels"],
+                   nms_axes, f"{function}(boxes, scores, iou_threshold={iou}, score_threshold={score}); {about}",
+                   exposed="nms_index")
+
+    # 3. NMSRotated (mmdeploy.mmcv.ops.nms_rotated.multiclass_nms_rotated)
+    export_nms("NMSRotated", "nms_rotated", M.NMSRotated, nms_rotated_cases, ((0.1, 0.05), (0.5, 0.3)),
+               "mmdeploy.mmcv.ops.nms_rotated.multiclass_nms_rotated",
+               "boxes (N, B, 5) = (cx, cy, w, h, angle), scores (N, B, C) transposed to (N, C, B) before the node")
 
     # 4. MMCVRoIAlignRotated
     for out_size, scale, ratio, aligned, clockwise in (((3, 2), 0.5, 2, True, False), ((2, 2), 1.0, 0, False, True),
                                                        ((4, 3), 0.25, 0, True, True), ((2, 3), 1.0, 2, False, False)):
         fname = (f"roi_align_rotated_{out_size[0]}x{out_size[1]}_scale{scale}_ratio{ratio}_aligned{int(aligned)}"
                  f"_clockwise{int(clockwise)}.onnx")
-        cases = roi_cases(fname, scale)
-        first = cases["random"]
-        mmdeploy_export(M.RoIAlignRotated(out_size, scale, ratio, aligned, clockwise),
-                        (first["input"], first["rois"]), out / fname, ["input", "rois"], ["output"],
-                        {"input": IMG_AXES, "rois": {0: "num_rois"}, "output": {0: "num_rois"}})
-        add(fname, "MMCVRoIAlignRotated",
-            f"mmcv.ops.RoIAlignRotated({out_size}, {scale}, {ratio}, aligned={aligned}, clockwise={clockwise}); "
-            "rois (K, 6) = (batch index, cx, cy, w, h, angle)", cases, MMDEPLOY, "output")
+        export(fname, "MMCVRoIAlignRotated", M.RoIAlignRotated(out_size, scale, ratio, aligned, clockwise),
+               roi_cases(fname, scale), ["input", "rois"], ["output"],
+               {"input": IMG_AXES, "rois": {0: "num_rois"}, "output": {0: "num_rois"}},
+               f"mmcv.ops.RoIAlignRotated({out_size}, {scale}, {ratio}, aligned={aligned}, clockwise={clockwise}); "
+               "rois (K, 6) = (batch index, cx, cy, w, h, angle)")
 
     # 5. NMSMatch (mmdeploy.mmcv.ops.nms_match.multiclass_nms_match)
-    for iou, score in ((0.5, 0.05), (0.3, 0.4)):
-        fname = f"nms_match_iou{iou}_score{score}.onnx"
-        cases = nms_match_cases(fname, score)
-        first = cases["random"]
-        mmdeploy_export(M.NMSMatch(iou, score), (first["boxes"], first["scores"]), out / fname,
-                        ["boxes", "scores"], ["dets", "labels"], nms_axes)
-        expose_node_output(out / fname, "NMSMatch")
-        add(fname, "NMSMatch", f"mmdeploy.mmcv.ops.nms_match.multiclass_nms_match(boxes, scores, "
-            f"iou_threshold={iou}, score_threshold={score}); boxes (N, B, 4) = (x1, y1, x2, y2), scores (N, B, C) "
-            "transposed to (N, C, B) before the node; the thresholds are float initializers", cases,
-            MMDEPLOY + "; then the node's output also made graph output 'nms_index'", "nms_index")
+    export_nms("NMSMatch", "nms_match", M.NMSMatch, nms_match_cases, ((0.5, 0.05), (0.3, 0.4)),
+               "mmdeploy.mmcv.ops.nms_match.multiclass_nms_match",
+               "boxes (N, B, 4) = (x1, y1, x2, y2), scores (N, B, C) transposed to (N, C, B) before the node; the "
+               "thresholds are float initializers")
 
     # float16: mmdeploy's onnxruntime-fp16 conversion of a few fp32 exports
     for src in ("grid_sampler_bilinear_zeros_ac0.onnx", "grid_sampler_bicubic_border_ac1.onnx", "dcn_bias.onnx",
