@@ -32,6 +32,8 @@ import torch
 
 __all__ = ["ShapeRule"]
 
+_SIZE_HINT = 720720  # lcm(1..16)
+
 
 def _unflatten(flat: Sequence) -> list:
     """``[rank0, *dims0, rank1, *dims1, ...]`` -> ``[dims0, dims1, ...]``."""
@@ -112,46 +114,72 @@ class ShapeRule:
         int, named str, or None; a shape None when unknown or absent) and the attributes by name.
         Named and unknown dims are symbols while the rule runs: an output dim that is exactly an input's
         named dim keeps its name, a constant stays a number, anything else is unknown (None). None (no
-        shapes) when a required input's rank is unknown or the rule refuses the node."""
+        shapes) when a required input's rank is unknown or the rule refuses the node.
+
+        Every distinct name is first a distinct size. Exporters name one size several ways, though
+        (the TorchScript exporter gives each traced value's dynamic dims names of their own), so a
+        rule that needs an unknown dim equal to another dim or to a number would refuse a valid node.
+        Where the comparison that refused it says such a dim differs (``s3 != 2``, ``s1 != s0``), the
+        rule runs again assuming them equal, as they are in any node ORT runs (its kernels check at
+        run time): the outputs keep the inputs' names and ranks instead of becoming unknown. Any
+        other refusal (an attribute, a rank, a sum of dims) leaves the shapes unknown."""
+        assumed: dict = {}  # dim key -> the dim (key) or number it is taken to equal
+        for _ in range(1 + sum(len(shape) for shape in shapes if shape)):
+            out, refusal = self._symbolic_output_shapes(shapes, attrs, assumed)
+            if out is not None or refusal is None or not _assume_equal(refusal, assumed):
+                return out
+        return None
+
+    def _symbolic_output_shapes(self, shapes: list, attrs: dict, assumed: dict):
+        """(the outputs' ONNX shapes, None) or (None, the last comparison the rule made, as a sympy
+        relation, and its outcome) when it refused; (None, None) when it cannot run."""
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         from torch._dynamo.source import ConstantSource
 
-        env = ShapeEnv()
-        symbols: dict = {}  # dim name -> SymInt
-        names: dict = {}  # sympy symbol -> dim name (None for an unnamed dim)
+        class RecordingShapeEnv(ShapeEnv):  # remembers the last comparison the rule made
+            last = None
 
-        def dim(d):
+            def evaluate_expr(self, orig_expr, *args, **kwargs):
+                result = super().evaluate_expr(orig_expr, *args, **kwargs)
+                self.last = (orig_expr, result)
+                return result
+
+        env = RecordingShapeEnv()
+        symbol_of: dict = {}  # dim key -> SymInt
+        names: dict = {}  # sympy symbol -> (dim key, ONNX name or None)
+
+        def dim(d, where):
             if isinstance(d, int):
                 return d
-            if isinstance(d, str) and d in symbols:
-                return symbols[d]
-            # Distinct, large hints: a comparison the rule makes between two unknown dims is decided
-            # on them; where that refuses the node, the shapes are just left unknown.
-            hint = 1_000_003 + 2 * len(names)
-            symbol = env.create_symbol(hint, ConstantSource(f"onnx_dim_{len(names)}"))
-            value = env.create_symintnode(symbol, hint=hint)
-            names[symbol] = d if isinstance(d, str) else None
-            if isinstance(d, str):
-                symbols[d] = value
-            return value
+            key = _find(assumed, d if isinstance(d, str) else where)
+            if isinstance(key, int):
+                return key
+            if key not in symbol_of:
+                # Distinct large hints that every small group count divides (720720 = lcm(1..16)):
+                # the rule's comparisons between unknown dims are decided on them.
+                hint = _SIZE_HINT * (2 + len(names))
+                symbol = env.create_symbol(hint, ConstantSource(f"onnx_dim_{len(names)}"))
+                symbol_of[key] = env.create_symintnode(symbol, hint=hint)
+                names[symbol] = (key, key if not key.startswith("?") else None)
+            return symbol_of[key]
 
         tensor_shapes = iter(shapes)
         values = []
-        for name, kind in self._arguments:
+        for i, (name, kind) in enumerate(self._arguments):
             if kind in ("shape", "optional_shape"):
                 shape = next(tensor_shapes, None)
                 if shape is None and kind == "shape":
-                    return None
-                values.append(None if shape is None else [dim(d) for d in shape])
+                    return None, None
+                values.append(None if shape is None else [dim(d, f"?{i}.{j}") for j, d in enumerate(shape)])
             else:
                 value = attrs.get(name)
                 if value is None:
-                    return None
+                    return None, None
                 values.append(bool(value) if kind == "bool" else value)
         try:
             out = self(*values)
-        except Exception:  # an invalid node: no shapes, rather than wrong ones (the checker and ORT say why)
-            return None
+        except Exception:  # an invalid node, or one whose dims were taken for different sizes
+            return None, (env.last, names)
 
         def onnx_dim(d):
             if isinstance(d, int):
@@ -159,6 +187,43 @@ class ShapeRule:
             expr = d.node.expr
             if expr.is_number:
                 return int(expr)
-            return names.get(expr)
+            return names[expr][1] if expr in names else None
 
-        return [[onnx_dim(d) for d in shape] for shape in out]
+        return [[onnx_dim(d) for d in shape] for shape in out], None
+
+
+def _find(assumed: dict, key):
+    """What ``key`` is taken to equal: another dim's key, a number, or itself."""
+    while isinstance(key, str) and key in assumed:
+        key = assumed[key]
+    return key
+
+
+def _assume_equal(refusal, assumed: dict) -> bool:
+    """Records, from the comparison that made a rule refuse, that an unknown dim equals another dim
+    or a number, when that comparison found them different; False when it says nothing of the kind."""
+    import sympy
+
+    (last, names) = refusal
+    if last is None:
+        return False
+    expr, outcome = last
+    differ = (isinstance(expr, sympy.Ne) and bool(outcome)) or (isinstance(expr, sympy.Eq) and not bool(outcome))
+    if not differ:
+        return False
+    difference = expr.lhs - expr.rhs
+    for symbol in sorted(difference.free_symbols & names.keys(), key=str, reverse=True):
+        try:
+            solved = sympy.solve(difference, symbol)
+        except NotImplementedError:  # e.g. a floor division: not an equality of two dims
+            continue
+        if len(solved) != 1:
+            continue
+        value = solved[0]
+        if value.is_Integer and int(value) >= 0:
+            assumed[names[symbol][0]] = int(value)
+            return True
+        if value.is_Symbol and value in names:
+            assumed[names[symbol][0]] = names[value][0]
+            return True
+    return False

@@ -179,3 +179,37 @@ def test_autograd_functions_are_built_from_the_spec():
     assert issubclass(opforge.MultiScaleDeformableAttnFunction, torch.autograd.Function)
     args = _msda_args()
     torch.testing.assert_close(opforge.MultiScaleDeformableAttnFunction.apply(*args), torch.ops.opforge.ms_deform_attn(*args))
+
+
+def test_onnx_inference_takes_differently_named_dims_as_equal_where_the_rule_needs_them_equal():
+    # The TorchScript exporter names each traced value's dynamic dims its own way: here
+    # sampling_locations' N, L and last dim carry names of their own. The rule needs N equal to
+    # value's N, L equal to the 2 levels and the last dim equal to 2: taken so (ORT checks at run
+    # time), the output keeps value's N, the queries' name and M*D, as a valid node has them.
+    shapes = [["n", "s", 4, 8], [2, 2], [2], ["n2", "q", 4, "l", 2, "xy"], ["n", "q2", 4, 2, 2]]
+    (out,) = MS_DEFORM_ATTN.onnx_output_shapes(shapes, {"im2col_step": 64})
+    assert out[0] == "n" and out[1] in ("q", "q2") and out[2] == 32
+    # a dim the rule compares with a floor division of another (deform_conv2d's output size at
+    # stride 2) cannot be taken equal: no shape
+    ints = dict(stride_h=2, stride_w=2, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, groups=1, offset_groups=1)
+    assert DEFORM_CONV2D.onnx_output_shapes([["N", 4, "H", 8], [6, 4, 3, 3], ["N", 18, "OH", 4], ["N", 9, "OH", 4],
+                                             [6]], dict(ints, use_mask=1)) is None
+    # broadcasting a named dim against a missing one keeps the name (not specialised to 1)
+    assert MY_ADD.onnx_output_shapes([["batch", 3, 8, 8], [3, 1, 1]], {}) == [["batch", 3, 8, 8]]
+
+
+def test_dynamo_export_with_a_dynamic_batch_of_one_stays_dynamic(tmp_path):
+    # my_add's rule broadcasts size-obliviously, as torch does: exported at batch 1 with the batch
+    # dynamic (the dynamo exporter traces size-obliviously), the model runs at batch 4. A rule that
+    # compared the batch with 1 plainly would have specialised it to 1.
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            return opforge.my_add(x, y)
+
+    x, y = torch.randn(1, 3, 4, 4), torch.randn(3, 1, 1)
+    proto = opforge.export(Model(), (x, y), tmp_path / "m.onnx", dynamo=True, input_names=["x", "y"],
+                           dynamic_shapes=({0: torch.export.Dim("batch")}, None))
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # named, not 1
+    x4 = torch.randn(4, 3, 4, 4)
+    (got,) = opforge.ort_session(proto).run(None, {"x": x4.numpy(), "y": y.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), 2 * x4 + y)

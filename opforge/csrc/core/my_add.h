@@ -49,10 +49,11 @@ std::string my_add_output_shapes(const MyAddShapes<Dim>& in, std::vector<std::ve
   for (int i = 0; i < n; ++i) {
     const int ia = i - (n - na), ib = i - (n - nb);
     const Dim da = ia >= 0 ? in.a[ia] : Dim(1), db = ib >= 0 ? in.b[ib] : Dim(1);
-    if (da != db && da != 1 && db != 1)
+    const bool a_one = is_one(da), b_one = is_one(db);
+    if (!a_one && !b_one && da != db)
       return message("opforge::my_add: shapes of ", in.a_name, " ", in.a, " and ", in.b_name, " ", in.b,
                      " are not broadcastable (dimension ", i - n, " differs)");
-    shape.push_back(da == 1 ? db : da);
+    shape.push_back(a_one ? db : da);
   }
   out = {shape};
   return "";

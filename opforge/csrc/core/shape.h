@@ -30,14 +30,24 @@ struct Shape {
 // torch glue specialises it for c10::SymInt, where a symbolic size has none. Checks that need
 // numbers (int64 overflow of element counts, the kernels' 32-bit limits) run where every dim they
 // read is known: always in the kernels, and in the fake impl whenever the sizes are concrete.
+//
+// DimTraits<Dim>::is_one(d): whether d is 1, for broadcasting. A symbolic size is taken to be
+// another size than 1 unless it is known to be 1 (torch's size-oblivious rule), so a rule's
+// broadcasting never specialises a dynamic dim to its example's 1.
 template <typename Dim>
 struct DimTraits {
   static std::optional<int64_t> known(const Dim& d) { return static_cast<int64_t>(d); }
+  static bool is_one(const Dim& d) { return d == 1; }
 };
 
 template <typename Dim>
 std::optional<int64_t> known(const Dim& d) {
   return DimTraits<Dim>::known(d);
+}
+
+template <typename Dim>
+bool is_one(const Dim& d) {
+  return DimTraits<Dim>::is_one(d);
 }
 
 // The numbers of `dims`, or nothing when one of them is symbolic.

@@ -17,10 +17,11 @@
 namespace opforge {
 namespace core {
 
-// A SymInt's number, when it is not symbolic.
+// A SymInt's number, when it is not symbolic; whether it is 1, size-obliviously (core/shape.h).
 template <>
 struct DimTraits<c10::SymInt> {
   static std::optional<int64_t> known(const c10::SymInt& d) { return d.maybe_as_int(); }
+  static bool is_one(const c10::SymInt& d) { return d.sym_eq(1).guard_size_oblivious(__FILE__, __LINE__); }
 };
 
 }  // namespace core
