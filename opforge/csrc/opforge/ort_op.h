@@ -15,6 +15,7 @@
 #include <onnxruntime_lite_custom_op.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -142,7 +143,7 @@ T node_attribute(const OrtKernelInfo* info, const char* op, const char* name) {
 // (OPFORGE_ORT_KERNELS(append_my_op_kernels)), so adding an op touches no
 // central list. The functions run once, on the first RegisterCustomOps, after
 // the ORT API is initialised (kernel objects are created then, never at load).
-using AppendKernels = void (*)(std::vector<LiteOpPtr>&);
+using AppendKernels = std::function<void(std::vector<LiteOpPtr>&)>;
 
 inline std::vector<AppendKernels>& kernel_appenders() {
   static std::vector<AppendKernels> appenders;
@@ -161,7 +162,24 @@ inline const std::vector<LiteOpPtr>& registered_kernels() {
 }
 
 struct KernelRegistrar {
-  explicit KernelRegistrar(AppendKernels append) { kernel_appenders().push_back(append); }
+  explicit KernelRegistrar(AppendKernels append) { kernel_appenders().push_back(std::move(append)); }
+};
+
+// The common case in one declaration: Kernel<T, Args...> for every float type T (ORT picks the
+// kernel by the node's input type), as the op `name` of the execution provider `ep`:
+//   const opforge::ort::FloatKernels<MyOpKernel> my_op_kernels("my_op", opforge::ort::kCpuEp);
+// Args: the kernel template's other arguments (e.g. the EP's part of a kernel shared by EPs).
+template <template <typename...> class Kernel, typename... Args>
+void append_float_kernels(std::vector<LiteOpPtr>& ops, const char* name, const char* ep) {
+  for_each_float_type([&](auto tag) {
+    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<decltype(tag), Args...>>(name, ep));
+  });
+}
+
+template <template <typename...> class Kernel, typename... Args>
+struct FloatKernels : KernelRegistrar {
+  FloatKernels(const char* name, const char* ep)
+      : KernelRegistrar([name, ep](std::vector<LiteOpPtr>& ops) { append_float_kernels<Kernel, Args...>(ops, name, ep); }) {}
 };
 
 }  // namespace ort

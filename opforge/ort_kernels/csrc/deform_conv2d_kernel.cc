@@ -45,11 +45,7 @@ std::string DeformConv2dAttrs::check(const std::vector<int64_t>& xs, const std::
                                    dil_w, groups, offset_groups, use_mask, p);
 }
 
-static void append_deform_conv2d_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<DeformConv2dKernel, DeformConv2dCpu>(ops, "deform_conv2d", kCpuEp);
-}
+const FloatKernels<DeformConv2dKernel, DeformConv2dCpu> deform_conv2d_kernels("deform_conv2d", kCpuEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_deform_conv2d_ops);

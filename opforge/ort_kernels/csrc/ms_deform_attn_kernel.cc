@@ -87,11 +87,7 @@ struct MsDeformAttnCpu {
 
 }  // namespace
 
-static void append_ms_deform_attn_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<MsDeformAttnKernel, MsDeformAttnCpu>(ops, "ms_deform_attn", kCpuEp);
-}
+const FloatKernels<MsDeformAttnKernel, MsDeformAttnCpu> ms_deform_attn_kernels("ms_deform_attn", kCpuEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_ms_deform_attn_ops);

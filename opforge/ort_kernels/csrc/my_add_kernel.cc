@@ -47,11 +47,7 @@ struct MyAddCpu {
 
 }  // namespace
 
-static void append_my_add_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<MyAddKernel, MyAddCpu>(ops, "my_add", kCpuEp);
-}
+const FloatKernels<MyAddKernel, MyAddCpu> my_add_kernels("my_add", kCpuEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_my_add_ops);

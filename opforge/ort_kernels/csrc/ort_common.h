@@ -59,16 +59,6 @@ std::vector<compute_t<T>> widened(OrtKernelContext* ctx, const T* data, size_t c
   return out;
 }
 
-// Registers Kernel<T, Args...> for every float type T under one op name and EP (ORT
-// picks the kernel by the node's input type). Args: the kernel template's other
-// arguments (the EP's part, the node form's name).
-template <template <typename...> class Kernel, typename... Args>
-void append_float_kernels(std::vector<LiteOpPtr>& ops, const char* name, const char* ep) {
-  for_each_float_type([&](auto tag) {
-    ops.emplace_back(Ort::Custom::CreateLiteCustomOp<Kernel<decltype(tag), Args...>>(name, ep));
-  });
-}
-
 // ---- the host side of a kernel -------------------------------------------------------
 // Some inputs are read on the host (index data checked before anything is indexed with
 // it, NMS boxes) and some outputs are written from it (NMS's kept indices). An Io does

@@ -17,11 +17,8 @@
 namespace opforge {
 namespace ort {
 
-static void append_roi_align_rotated_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCpu>(ops, "roi_align_rotated", kCpuEp);
-}
+const FloatKernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCpu>
+    roi_align_rotated_kernels("roi_align_rotated", kCpuEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_roi_align_rotated_ops);

@@ -7,11 +7,7 @@
 namespace opforge {
 namespace ort {
 
-static void append_deform_conv2d_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<DeformConv2dKernel, DeformConv2dCuda>(ops, "deform_conv2d", kCudaEp);
-}
+const FloatKernels<DeformConv2dKernel, DeformConv2dCuda> deform_conv2d_cuda_kernels("deform_conv2d", kCudaEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_deform_conv2d_cuda_ops);

@@ -28,11 +28,7 @@ struct MsDeformAttnCuda {
 
 }  // namespace
 
-static void append_ms_deform_attn_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<MsDeformAttnKernel, MsDeformAttnCuda>(ops, "ms_deform_attn", kCudaEp);
-}
+const FloatKernels<MsDeformAttnKernel, MsDeformAttnCuda> ms_deform_attn_cuda_kernels("ms_deform_attn", kCudaEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_ms_deform_attn_cuda_ops);

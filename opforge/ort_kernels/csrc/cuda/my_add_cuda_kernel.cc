@@ -21,11 +21,7 @@ struct MyAddCuda {
 
 }  // namespace
 
-static void append_my_add_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<MyAddKernel, MyAddCuda>(ops, "my_add", kCudaEp);
-}
+const FloatKernels<MyAddKernel, MyAddCuda> my_add_cuda_kernels("my_add", kCudaEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_my_add_cuda_ops);

@@ -7,12 +7,8 @@
 namespace opforge {
 namespace ort {
 
-static void append_roi_align_rotated_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCuda>(ops, "roi_align_rotated",
-                                                                                      kCudaEp);
-}
+const FloatKernels<RoiAlignRotatedKernel, RoiAlignRotatedOp, RoiAlignRotatedCuda>
+    roi_align_rotated_cuda_kernels("roi_align_rotated", kCudaEp);
 
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::append_roi_align_rotated_cuda_ops);

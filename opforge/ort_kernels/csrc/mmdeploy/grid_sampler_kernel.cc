@@ -48,12 +48,8 @@ struct GridSamplerCpu {
 
 }  // namespace
 
-static void append_grid_sampler_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<GridSamplerKernel, GridSamplerCpu>(ops, kGridSampler, kCpuEp);
-}
+const FloatKernels<GridSamplerKernel, GridSamplerCpu> grid_sampler_kernels(kGridSampler, kCpuEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_grid_sampler_ops);

@@ -9,12 +9,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-static void append_modulated_deform_conv_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<ModulatedDeformConvKernel, DeformConv2dCpu>(ops, kModulatedDeformConv, kCpuEp);
-}
+const FloatKernels<ModulatedDeformConvKernel, DeformConv2dCpu>
+    modulated_deform_conv_kernels(kModulatedDeformConv, kCpuEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_modulated_deform_conv_ops);

@@ -16,13 +16,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-static void append_roi_align_rotated_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCpu>(ops, kRoiAlignRotated,
-                                                                                         kCpuEp);
-}
+const FloatKernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCpu>
+    roi_align_rotated_kernels(kRoiAlignRotated, kCpuEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_roi_align_rotated_ops);

@@ -28,12 +28,8 @@ struct GridSamplerCuda {
 
 }  // namespace
 
-static void append_grid_sampler_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<GridSamplerKernel, GridSamplerCuda>(ops, kGridSampler, kCudaEp);
-}
+const FloatKernels<GridSamplerKernel, GridSamplerCuda> grid_sampler_cuda_kernels(kGridSampler, kCudaEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_grid_sampler_cuda_ops);

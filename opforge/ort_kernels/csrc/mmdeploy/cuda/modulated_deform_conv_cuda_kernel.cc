@@ -10,12 +10,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-static void append_modulated_deform_conv_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<ModulatedDeformConvKernel, DeformConv2dCuda>(ops, kModulatedDeformConv, kCudaEp);
-}
+const FloatKernels<ModulatedDeformConvKernel, DeformConv2dCuda>
+    modulated_deform_conv_cuda_kernels(kModulatedDeformConv, kCudaEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_modulated_deform_conv_cuda_ops);

@@ -9,13 +9,9 @@ namespace opforge {
 namespace ort {
 namespace mmdeploy {
 
-static void append_roi_align_rotated_cuda_ops(std::vector<LiteOpPtr>& ops) {
-  append_float_kernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCuda>(ops, kRoiAlignRotated,
-                                                                                          kCudaEp);
-}
+const FloatKernels<RoiAlignRotatedKernel, MmcvRoiAlignRotatedOp, RoiAlignRotatedCuda>
+    roi_align_rotated_cuda_kernels(kRoiAlignRotated, kCudaEp);
 
 }  // namespace mmdeploy
 }  // namespace ort
 }  // namespace opforge
-
-OPFORGE_ORT_KERNELS(opforge::ort::mmdeploy::append_roi_align_rotated_cuda_ops);
