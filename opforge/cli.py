@@ -8,6 +8,8 @@
     opforge ort-library-path [DOMAIN]
     opforge fetch-ort-headers [--dest DIR] [--force]
     opforge include-paths
+    opforge triton-repo MODEL.onnx DIR [--max-batch N] [--instances K] [--name NAME] [--kind {auto,cpu,gpu}]
+                        [--server-repo PATH] [--force]
 """
 
 from __future__ import annotations
@@ -179,6 +181,31 @@ def cmd_include_paths(args) -> int:
     return 0
 
 
+def cmd_triton_repo(args) -> int:
+    from .triton_repo import VERSION_RULE, write_triton_repo
+
+    repo = write_triton_repo(args.model, args.dir, name=args.name, max_batch=args.max_batch,
+                             instances=args.instances, kind=args.kind, server_repo=args.server_repo, force=args.force)
+
+    def shapes(specs):
+        batch = ["batch"] if args.max_batch > 0 else []
+        return ", ".join(f"{s.name} {s.data_type} {batch + [d if d >= 0 else '?' for d in s.dims]}" for s in specs)
+
+    print(f"wrote {repo.config}")
+    print(f"wrote {repo.model}")
+    for library in repo.libraries:
+        print(f"wrote {library}")
+    print(f"  inputs:  {shapes(repo.inputs)}")
+    print(f"  outputs: {shapes(repo.outputs)}")
+    batching = f"dynamic batching up to {args.max_batch}" if args.max_batch > 0 else "no batching"
+    print(f"  {batching}; {args.instances} instance(s); platform onnxruntime_onnx")
+    for path in repo.op_library_filenames:
+        print(f"  op_library_filename: {path} (the path the server opens)")
+    if repo.op_library_filenames:
+        print(f"note: {VERSION_RULE}.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -238,6 +265,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     inc = sub.add_parser("include-paths", help="print the include directories for a package's kernels")
     inc.set_defaults(func=cmd_include_paths)
+
+    triton = sub.add_parser(
+        "triton-repo", help="write a Triton Inference Server model repository for an exported model",
+        description="Writes DIR/NAME/config.pbtxt (platform onnxruntime_onnx; inputs and outputs from the model; "
+        "dynamic batching; model_operations { op_library_filename } naming opforge's library), DIR/NAME/1/model.onnx "
+        "and the ORT libraries the model needs, beside the config. The libraries need ONNX Runtime API >= 21: "
+        "Triton >= 2.56.0 (NGC container 25.03), whose onnxruntime backend is ONNX Runtime 1.21.0.")
+    triton.add_argument("model", metavar="MODEL.onnx", help="an exported model (opforge.export)")
+    triton.add_argument("dir", metavar="DIR", help="the model repository (created if missing)")
+    triton.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="Triton's max_batch_size: the first dim of every input and output is the batch dim and "
+                             "must be dynamic; 0: no batching, the shapes as exported (default: 8)")
+    triton.add_argument("--instances", type=int, default=1, metavar="K",
+                        help="model instances, each with its own ONNX Runtime session (default: 1)")
+    triton.add_argument("--name", default=None, help="the model's name in the repository (default: MODEL's stem)")
+    triton.add_argument("--kind", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="where the instances run (default auto: Triton's choice, a GPU where there is one)")
+    triton.add_argument("--server-repo", default=None, metavar="PATH",
+                        help="DIR's absolute path as the server sees it, e.g. /models when DIR is mounted there in "
+                             "the container: op_library_filename is opened as written (default: DIR's absolute path)")
+    triton.add_argument("--force", action="store_true", help="replace an existing DIR/NAME")
+    triton.set_defaults(func=cmd_triton_repo)
 
     cov = sub.add_parser("coverage", help="which ATen ops each exporter handles per opset, with and without opforge",
                          description="Measures, per opset, the user-facing ATen ops the dynamo exporter handles and "
