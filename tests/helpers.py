@@ -173,3 +173,17 @@ def without_cuda(args) -> list:
               if os.path.isdir(d)]
     mounts = "".join(f"mount -t tmpfs none {shlex.quote(d)} && " for d in hidden)
     return ["unshare", "-m", "bash", "-c", mounts + "exec " + shlex.join(str(a) for a in args)]
+
+
+def profiling_session_options():
+    """ONNX Runtime SessionOptions that profile (the CUDA EP tests read from the profile which EP ran
+    each node), writing the profile into a fresh temporary folder, not the working directory."""
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="opforge-ort-profile-"), "profile")
+    return so

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 from torchvision.ops import deform_conv2d as tv_deform_conv2d
 
 import opforge
-from helpers import DEFORM_CONFIGS, deform_inputs
+from helpers import DEFORM_CONFIGS, deform_inputs, profiling_session_options
 
 HAVE_GPU = torch.cuda.is_available()
 
@@ -255,16 +255,13 @@ def _providers_of(session, op_names):
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_ort_cuda_ep_round_trip(exporter, dtype):
-    import onnxruntime as ort
-
     model = DcnModel().to(dtype).eval()
     x = torch.randn(2, 8, 12, 12, dtype=dtype)
     off = torch.randn(2, 18, 12, 12, dtype=dtype)
     mask = torch.rand(2, 9, 12, 12, dtype=dtype)
     onnx_model = opforge.export(model, (x, off, mask), dynamo=exporter == "dynamo", opset_version=18,
                                 standard_onnx=False, input_names=["x", "offset", "mask"], output_names=["y"])
-    so = ort.SessionOptions()
-    so.enable_profiling = True
+    so = profiling_session_options()
     sess = opforge.ort_session(onnx_model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     got = sess.run(None, {"x": x.numpy(), "offset": off.numpy(), "mask": mask.numpy()})[0]
     assert _providers_of(sess, {"deform_conv2d", "my_add"}) == {"deform_conv2d": "CUDAExecutionProvider",
@@ -642,13 +639,10 @@ def test_nms_rotated_cuda_mixed_devices_are_refused():
 
 def _ort_cuda_and_cpu(spec, values):
     """(CUDA EP outputs, the provider that ran the node, CPU EP outputs) of a one-node model."""
-    import onnxruntime as ort
-
     model = _spec_model(spec, values)
     tensors, _ = spec.split_args(list(values))
     feeds = {a.onnx_name: t for a, t in zip(spec.tensor_args, tensors)}
-    so = ort.SessionOptions()
-    so.enable_profiling = True
+    so = profiling_session_options()
     cuda = opforge.ort_session(model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     got = _ort_run(cuda, feeds)
     provider = _providers_of(cuda, {spec.name}).get(spec.name)
@@ -729,8 +723,6 @@ class _RotatedDetector(torch.nn.Module):
 @needs_ort_cuda
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_ort_cuda_ep_rotated_detector_round_trip(exporter):
-    import onnxruntime as ort
-
     def inputs(k, n, seed):
         feat, rois = _rar_case(n=2, c=4, h=10, w=12, k=k, scale=0.5, seed=seed, dtype=torch.float32)
         boxes, scores = _nms_case(n, seed=seed, extent=20.0, dtype=torch.float32)
@@ -748,8 +740,7 @@ def test_ort_cuda_ep_rotated_detector_round_trip(exporter):
         proto = opforge.export(_RotatedDetector(), inputs(5, 9, 0), dynamo=exporter == "dynamo",
                                opset_version=18 if exporter == "dynamo" else 17, input_names=names,
                                output_names=["pooled", "keep", "keep_per_class"], **kw)
-    so = ort.SessionOptions()
-    so.enable_profiling = True
+    so = profiling_session_options()
     sess = opforge.ort_session(proto, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     model = _RotatedDetector()
     for k, n, seed in ((5, 9, 0), (17, 60, 1), (0, 0, 2)):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import opforge
 import test_mmdeploy_ops as mm
+from helpers import profiling_session_options
 from opforge.testing.support import _ort_run
 
 
@@ -45,10 +46,7 @@ def _providers(session, op_types):
 
 def _run_both(model, feeds):
     """(CUDA EP outputs, {op: provider}, CPU EP outputs) of ``model`` for torch ``feeds``."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.enable_profiling = True
+    so = profiling_session_options()
     so.log_severity_level = 4
     cuda = opforge.ort_session(model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     got = _ort_run(cuda, feeds)
