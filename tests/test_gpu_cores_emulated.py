@@ -314,15 +314,10 @@ def test_ms_deform_attn_backward_items_match_cpu_and_grid_sample(emu, n, lq, m, 
     np.testing.assert_allclose(gv, leaves[0].grad.numpy(), **tol, err_msg="grad value vs grid_sample")
     np.testing.assert_allclose(gattn, leaves[2].grad.numpy(), **tol, err_msg="grad attention_weights vs grid_sample")
     # At a pixel coordinate of exactly -1 the sample is 0 and its derivative has a kink:
-    # opforge's sampling (ms_deform_attn_sample.h, CPU and GPU alike) treats the point as
-    # outside and gives it zero gradient (the derivative from the left), grid_sample
-    # floors to corners -1 and 0 and gives the derivative from the right. Those points
-    # are checked against the CPU kernel (above) and the op's rule (here) only.
-    kink = _pixel_at_minus_one(loc, shapes)
-    assert kink.any() == borders  # the border cases do reach it
-    want = leaves[1].grad.clone()
-    want[kink] = 0
-    np.testing.assert_allclose(gloc, want.numpy(), **tol, err_msg="grad sampling_locations vs grid_sample")
+    # opforge's sampling (ms_deform_attn_sample.h, CPU and GPU alike) takes grid_sample's
+    # side, corners -1 and 0 with the derivative from the right; the border cases reach it.
+    assert _pixel_at_minus_one(loc, shapes).any() == borders
+    np.testing.assert_allclose(gloc, leaves[1].grad.numpy(), **tol, err_msg="grad sampling_locations vs grid_sample")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

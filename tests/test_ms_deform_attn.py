@@ -87,6 +87,33 @@ def test_gradients_match_grid_sample():
         torch.testing.assert_close(ours[i].grad, theirs[i].grad, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gradients_on_pixel_lines_and_the_left_edge_match_grid_sample(dtype):
+    """Points exactly on pixel lines (where transformers' initialisation puts every sampling offset)
+    and at x = -1: the gradient there is one-sided, so it matches grid_sample's only where the kernel
+    rounds the position as grid_sample does ((2*loc - 1 + 1) * W/2 - 0.5, no FMA) and keeps x = -1
+    (a corner with weight 0, but a gradient)."""
+    sizes = ((8, 8), (4, 4))
+    spatial_shapes, level_start_index, s = level_layout(sizes)
+    n, lq, m, d, points = 2, 6, 2, 4, 4
+    g = torch.Generator().manual_seed(0)
+    value = torch.randn(n, s, m, d, dtype=dtype, generator=g)
+    centres = torch.tensor([[(q % 8 + 0.5) / 8, (q // 8 + 0.5) / 8] for q in range(lq)], dtype=dtype)
+    steps = torch.tensor([[-1.0, 0.0], [0.0, 1.0], [2.0, -1.0], [-4.5, 0.0]], dtype=dtype)  # whole pixels; x = -1
+    loc = torch.zeros(n, lq, m, len(sizes), points, 2, dtype=dtype)
+    for level, (h, w) in enumerate(sizes):
+        loc[:, :, :, level] = centres[:, None, None, :] + steps / torch.tensor([w, h], dtype=dtype)
+    weights = torch.rand(n, lq, m, len(sizes), points, dtype=dtype, generator=g)
+    grad = torch.randn(n, lq, m * d, dtype=dtype, generator=g)
+    ours = [t.clone().requires_grad_() for t in (value, loc, weights)]
+    theirs = [t.clone().requires_grad_() for t in (value, loc, weights)]
+    opforge.ms_deform_attn(ours[0], spatial_shapes, level_start_index, ours[1], ours[2]).backward(grad)
+    grid_sample_reference(theirs[0], spatial_shapes, level_start_index, theirs[1], theirs[2]).backward(grad)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+
+
 def test_gradcheck_float64():
     value, shapes, starts, loc, weights = random_inputs(n=1, lq=3, m=2, d=2, sizes=((3, 4), (2, 2)), p=2)
     # keep sampling points off the pixel grid's integer lines, where bilinear sampling has kinks

@@ -30,6 +30,28 @@ OPFORGE_HD_INLINE double cos_hd(double x) { return ::cos(x); }
 OPFORGE_HD_INLINE float sin_hd(float x) { return ::sinf(x); }
 OPFORGE_HD_INLINE double sin_hd(double x) { return ::sin(x); }
 
+// a * b rounded on its own: never fused with a following add into one FMA (compilers contract
+// a * b + c by default where the CPU or GPU has FMA), for arithmetic that must round exactly as
+// a reference does (ms_deform_attn's sampling position, as grid_sample computes it).
+template <typename A>
+OPFORGE_HD_INLINE A mul_rn_hd(A a, A b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(A) == sizeof(double)) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
+#else
+  A product = a * b;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+x"(product));  // an opaque register: the product is rounded before any later add
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+w"(product));
+#else
+  volatile A rounded = product;
+  product = rounded;
+#endif
+  return product;
+#endif
+}
+
 // Storage <-> accumulation conversions for code shared by CPU and GPU: plain
 // casts here; cuda/scalar.cuh specialises them for __half / __nv_bfloat16
 // (whose implicit conversions torch's nvcc flags switch off).

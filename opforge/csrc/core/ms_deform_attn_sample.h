@@ -31,6 +31,12 @@ struct MsDeformAttnParams {
 // align_corners=False). Corner order: 0 = (y0, x0), 1 = (y0, x0+1),
 // 2 = (y0+1, x0), 3 = (y0+1, x0+1); a corner outside the map contributes
 // nothing (padding_mode="zeros").
+//
+// x is rounded exactly as the reference form computes it: the grid
+// g = 2 * loc - 1 (Deformable DETR's and transformers' code), then
+// grid_sample's (g + 1) * (W / 2) - 0.5, each step rounded (no FMA). A point on
+// a pixel line (transformers initialises every sampling offset there) then
+// has the same floor, hence the same one-sided gradient, as grid_sample's.
 template <typename A>
 struct MsDeformAttnCorners {
   int64_t pos[4];  // corner's position in the level (y * W + x); meaningful only where `valid` has its bit
@@ -42,13 +48,20 @@ struct MsDeformAttnCorners {
 // The point test runs in floating point BEFORE any conversion to an integer:
 // a NaN or infinite coordinate fails it (every comparison with NaN is false)
 // and samples nothing, like grid_sample, so no index is ever formed from a
-// NaN or a huge float. A point with x <= -1 or x >= W has no corner inside
-// anyway; inside (-1, W) the floor converts exactly (|x| < W <= 2^63).
+// NaN or a huge float. A point with x < -1 or x >= W has no corner inside;
+// x = -1 has one, with weight 0 but a gradient (grid_sample's, too); inside
+// [-1, W) the floor converts exactly (|x| <= W <= 2^63).
+template <typename A>
+OPFORGE_HD_INLINE A ms_deform_attn_pixel(A loc, int64_t size) {
+  const A grid = A(2) * loc - A(1);  // 2 * loc is exact: no rounding for an FMA to skip
+  return mul_rn_hd(grid + A(1), static_cast<A>(size) / A(2)) - A(0.5);
+}
+
 template <typename A>
 OPFORGE_HD_INLINE MsDeformAttnCorners<A> ms_deform_attn_corners(A loc_x, A loc_y, int64_t h, int64_t w) {
   MsDeformAttnCorners<A> c;
-  const A x = loc_x * static_cast<A>(w) - A(0.5), y = loc_y * static_cast<A>(h) - A(0.5);
-  if (!(x > A(-1) && x < static_cast<A>(w) && y > A(-1) && y < static_cast<A>(h))) {
+  const A x = ms_deform_attn_pixel(loc_x, w), y = ms_deform_attn_pixel(loc_y, h);
+  if (!(x >= A(-1) && x < static_cast<A>(w) && y >= A(-1) && y < static_cast<A>(h))) {
     c.valid = 0;
     c.lx = c.ly = A(0);
     for (int k = 0; k < 4; ++k) {
