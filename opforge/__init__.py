@@ -35,6 +35,8 @@ from .registration import OpInputError, OpRegistrationError, check_library, chec
 from .shape_rule import ShapeRule
 from .spec import AttrArg, OpSpec, TensorArg
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
+from .transformers_patch import (TransformersPatch, patch_transformers, transformers_kernel_mapping,
+                                 transformers_kernel_repository, unpatch_transformers)
 from .symbolics import standard_onnx, translation_table
 
 __version__ = "0.2.0"
@@ -74,6 +76,7 @@ __all__ = [
     "ShapeRule",
     "TensorArg",
     "TorchvisionPatch",
+    "TransformersPatch",
     "aten",
     "aten_library_path",
     "mmdeploy_library_path",
@@ -94,6 +97,7 @@ __all__ = [
     "ort_library_path",
     "ort_session",
     "patch_torchvision",
+    "patch_transformers",
     "ortx_version",
     "register_op",
     "register_prototype",
@@ -102,5 +106,8 @@ __all__ = [
     "standard_onnx",
     "symbolics",
     "translation_table",
+    "transformers_kernel_mapping",
+    "transformers_kernel_repository",
     "unpatch_torchvision",
+    "unpatch_transformers",
 ]
