@@ -133,18 +133,9 @@ class ShapeRule:
     def _symbolic_output_shapes(self, shapes: list, attrs: dict, assumed: dict):
         """(the outputs' ONNX shapes, None) or (None, the last comparison the rule made, as a sympy
         relation, and its outcome) when it refused; (None, None) when it cannot run."""
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
         from torch._dynamo.source import ConstantSource
 
-        class RecordingShapeEnv(ShapeEnv):  # remembers the last comparison the rule made
-            last = None
-
-            def evaluate_expr(self, orig_expr, *args, **kwargs):
-                result = super().evaluate_expr(orig_expr, *args, **kwargs)
-                self.last = (orig_expr, result)
-                return result
-
-        env = RecordingShapeEnv()
+        env = _recording_shape_env_class()()
         symbol_of: dict = {}  # dim key -> SymInt
         names: dict = {}  # sympy symbol -> (dim key, ONNX name or None)
 
@@ -190,6 +181,23 @@ class ShapeRule:
             return names[expr][1] if expr in names else None
 
         return [[onnx_dim(d) for d in shape] for shape in out], None
+
+
+@functools.lru_cache(maxsize=None)
+def _recording_shape_env_class() -> type:
+    """A ShapeEnv that remembers the last comparison the rule made (defined once, on first use:
+    torch.fx's symbolic shapes are imported only when ONNX shape inference needs them)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    class RecordingShapeEnv(ShapeEnv):
+        last = None
+
+        def evaluate_expr(self, orig_expr, *args, **kwargs):
+            result = super().evaluate_expr(orig_expr, *args, **kwargs)
+            self.last = (orig_expr, result)
+            return result
+
+    return RecordingShapeEnv
 
 
 def _find(assumed: dict, key):

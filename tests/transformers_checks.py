@@ -51,64 +51,60 @@ def deformable_detr():
     return DeformableDetrForObjectDetection(config), ("logits", "pred_boxes")
 
 
-def rt_detr():
-    from transformers import RTDetrConfig, RTDetrForObjectDetection, RTDetrResNetConfig
+def _rt_detr_config(config_class, decoder_n_points=2, **extra):
+    """A tiny RT-DETR-family config (RT-DETR, RT-DETR v2, D-FINE: the same sizes) on a tiny ResNet."""
+    from transformers import RTDetrResNetConfig
 
     backbone = RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1],
                                   layer_type="basic", out_features=["stage2", "stage3", "stage4"])
-    config = RTDetrConfig(
+    return config_class(
         backbone_config=backbone, encoder_in_channels=[16, 16, 16], encoder_hidden_dim=32, encoder_ffn_dim=32,
         encoder_attention_heads=2, d_model=32, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=32, decoder_layers=2,
-        decoder_attention_heads=2, decoder_n_points=2, num_queries=10, num_labels=3, num_denoising=0,
-        initializer_range=0.2)
-    return RTDetrForObjectDetection(config), ("logits", "pred_boxes")
+        decoder_attention_heads=2, decoder_n_points=decoder_n_points, num_queries=10, num_labels=3, num_denoising=0,
+        initializer_range=0.2, **extra)
 
 
-def mask2former():
+def rt_detr():
+    from transformers import RTDetrConfig, RTDetrForObjectDetection
+
+    return RTDetrForObjectDetection(_rt_detr_config(RTDetrConfig)), ("logits", "pred_boxes")
+
+
+def _mask2former(backbone_config):
+    """A tiny Mask2Former on ``backbone_config``."""
     from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation
 
     config = Mask2FormerConfig(
-        backbone_config=_resnet(["stage1", "stage2", "stage3", "stage4"]), feature_size=32, mask_feature_size=32,
-        hidden_dim=32, encoder_feedforward_dim=32, encoder_layers=1, decoder_layers=2, num_attention_heads=2,
-        dim_feedforward=32, num_queries=10, num_labels=3)
+        backbone_config=backbone_config, feature_size=32, mask_feature_size=32, hidden_dim=32,
+        encoder_feedforward_dim=32, encoder_layers=1, decoder_layers=2, num_attention_heads=2, dim_feedforward=32,
+        num_queries=10, num_labels=3)
     return Mask2FormerForUniversalSegmentation(config), ("class_queries_logits", "masks_queries_logits")
+
+
+def mask2former():
+    return _mask2former(_resnet(["stage1", "stage2", "stage3", "stage4"]))
 
 
 def mask2former_swin():
     """Mask2Former on its default backbone family, Swin (the other Mask2Former uses a ResNet)."""
-    from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation, SwinConfig
+    from transformers import SwinConfig
 
-    swin = SwinConfig(image_size=128, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
-                      window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"])
-    config = Mask2FormerConfig(
-        backbone_config=swin, feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=32,
-        encoder_layers=1, decoder_layers=2, num_attention_heads=2, dim_feedforward=32, num_queries=10, num_labels=3)
-    return Mask2FormerForUniversalSegmentation(config), ("class_queries_logits", "masks_queries_logits")
+    return _mask2former(SwinConfig(image_size=128, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1],
+                                   num_heads=[1, 1, 2, 2], window_size=4,
+                                   out_features=["stage1", "stage2", "stage3", "stage4"]))
 
 
 def rt_detr_v2():
-    from transformers import RTDetrV2Config, RTDetrV2ForObjectDetection, RTDetrResNetConfig
+    from transformers import RTDetrV2Config, RTDetrV2ForObjectDetection
 
-    backbone = RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1],
-                                  layer_type="basic", out_features=["stage2", "stage3", "stage4"])
-    config = RTDetrV2Config(
-        backbone_config=backbone, encoder_in_channels=[16, 16, 16], encoder_hidden_dim=32, encoder_ffn_dim=32,
-        encoder_attention_heads=2, d_model=32, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=32, decoder_layers=2,
-        decoder_attention_heads=2, decoder_n_points=2, num_queries=10, num_labels=3, num_denoising=0,
-        initializer_range=0.2)
-    return RTDetrV2ForObjectDetection(config), ("logits", "pred_boxes")
+    return RTDetrV2ForObjectDetection(_rt_detr_config(RTDetrV2Config)), ("logits", "pred_boxes")
 
 
 def _d_fine(method: str):
-    from transformers import DFineConfig, DFineForObjectDetection, RTDetrResNetConfig
+    from transformers import DFineConfig, DFineForObjectDetection
 
-    backbone = RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1],
-                                  layer_type="basic", out_features=["stage2", "stage3", "stage4"])
-    config = DFineConfig(
-        backbone_config=backbone, encoder_in_channels=[16, 16, 16], encoder_hidden_dim=32, encoder_ffn_dim=32,
-        encoder_attention_heads=2, d_model=32, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=32, decoder_layers=2,
-        decoder_attention_heads=2, decoder_n_points=[3, 1, 2], num_queries=10, num_labels=3, num_denoising=0,
-        initializer_range=0.2, decoder_method=method, lqe_hidden_dim=8, max_num_bins=8)
+    config = _rt_detr_config(DFineConfig, decoder_n_points=[3, 1, 2], decoder_method=method, lqe_hidden_dim=8,
+                             max_num_bins=8)
     return DFineForObjectDetection(config), ("logits", "pred_boxes")
 
 

@@ -54,7 +54,7 @@ struct MsDeformAttnCorners {
 template <typename A>
 OPFORGE_HD_INLINE A ms_deform_attn_pixel(A loc, int64_t size) {
   const A grid = A(2) * loc - A(1);  // 2 * loc is exact: no rounding for an FMA to skip
-  return mul_rn_hd(grid + A(1), static_cast<A>(size) / A(2)) - A(0.5);
+  return mul_rn_hd(grid + A(1), static_cast<A>(size) * A(0.5)) - A(0.5);  // W * 0.5 == W / 2 exactly
 }
 
 template <typename A>

@@ -26,24 +26,30 @@ struct DimTraits<c10::SymInt> {
 
 }  // namespace core
 
-// A tensor argument of a rule op, as the rule reads it.
-inline core::Shape<c10::SymInt> rule_shape(c10::SymIntArrayRef dims) {
-  return core::Shape<c10::SymInt>{std::vector<c10::SymInt>(dims.begin(), dims.end())};
+// A tensor argument of a rule op (SymInt[], SymInt[]? for an optional tensor), as the rule reads it.
+inline core::Shape<c10::SymInt> rule_shape(c10::SymIntArrayRef dims) { return {dims.vec(), true}; }
+inline core::Shape<c10::SymInt> rule_shape(const std::optional<c10::SymIntArrayRef>& dims) {
+  return dims.has_value() ? rule_shape(*dims) : core::Shape<c10::SymInt>{{}, false};
 }
 
-// Runs `rule` (a core's <op>_output_shapes) on `in`: its message as a ValueError, else the outputs'
-// shapes flattened as the rule op returns them, [rank0, dims0..., rank1, dims1...].
+// The outputs' shapes as a rule op returns them: [rank0, dims0..., rank1, dims1...].
+inline std::vector<c10::SymInt> flattened_shapes(const std::vector<std::vector<c10::SymInt>>& shapes) {
+  std::vector<c10::SymInt> flat;
+  for (const auto& shape : shapes) {
+    flat.emplace_back(static_cast<int64_t>(shape.size()));
+    flat.insert(flat.end(), shape.begin(), shape.end());
+  }
+  return flat;
+}
+
+// Runs `rule` (a core's <op>_output_shapes) on `in`: its message as a ValueError, else the
+// outputs' shapes flattened.
 template <typename Shapes, typename Rule>
 std::vector<c10::SymInt> run_shape_rule(const Shapes& in, Rule rule) {
   std::vector<std::vector<c10::SymInt>> out;
   const std::string err = rule(in, out);
   TORCH_CHECK_VALUE(err.empty(), err);
-  std::vector<c10::SymInt> flat;
-  for (const auto& shape : out) {
-    flat.emplace_back(static_cast<int64_t>(shape.size()));
-    flat.insert(flat.end(), shape.begin(), shape.end());
-  }
-  return flat;
+  return flattened_shapes(out);
 }
 
 }  // namespace opforge

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "opforge/glue/core_tensor.h"
-#include "opforge/torch_shape_rule.h"  // known(dim) for c10::SymInt dims
+#include "opforge/torch_shape_rule.h"  // known(dim) for c10::SymInt dims, rule_shape, flattened_shapes
 
 namespace opforge {
 namespace torch_glue {
@@ -48,23 +48,17 @@ glue::Input<T> input(const at::Tensor& t) {
   return in;
 }
 
-// A shape argument of an op's shape rule (SymInt[], SymInt[]? for an optional tensor) as the core's Shape.
-inline glue::Shape<c10::SymInt> shape(c10::SymIntArrayRef dims) { return {dims.vec(), true}; }
-inline glue::Shape<c10::SymInt> shape(const std::optional<c10::SymIntArrayRef>& dims) {
-  return dims.has_value() ? shape(*dims) : glue::Shape<c10::SymInt>{{}, false};
-}
+// A shape argument of an op's shape rule (SymInt[], SymInt[]? for an optional tensor) as the core's
+// Shape: opforge's own ops' (opforge/torch_shape_rule.h).
+inline glue::Shape<c10::SymInt> shape(c10::SymIntArrayRef dims) { return rule_shape(dims); }
+inline glue::Shape<c10::SymInt> shape(const std::optional<c10::SymIntArrayRef>& dims) { return rule_shape(dims); }
 
 // The outputs' shapes as a shape rule op returns them: [rank0, dims0..., rank1, dims1...].
 inline std::vector<c10::SymInt> flattened(const std::vector<std::vector<c10::SymInt>>& shapes, size_t outputs,
                                           const char* op) {
   TORCH_CHECK(shapes.size() == outputs, op, ": the shape rule gave ", shapes.size(), " shape(s) for ", outputs,
               " output(s)");
-  std::vector<c10::SymInt> flat;
-  for (const auto& dims : shapes) {
-    flat.emplace_back(static_cast<int64_t>(dims.size()));
-    flat.insert(flat.end(), dims.begin(), dims.end());
-  }
-  return flat;
+  return flattened_shapes(shapes);
 }
 
 // The core's alloc(k, shape): output k as a new contiguous tensor, kept in `outputs`.
