@@ -114,6 +114,9 @@ def checks(venv: str, model: str, names: str) -> dict:
 MAIN = "transformers-5.23"
 # model -> the MSDA calls in one forward (encoder and decoder layers of the tiny configs)
 DETECTORS = {"deformable_detr": 3, "rt_detr": 2, "mask2former": 1}
+# The four tests that read one model's "eager,grads,export" run go to one xdist worker (the
+# run is cached per process: on two workers it would run twice, ~30 s each).
+DETECTOR_PARAMS = [pytest.param(m, marks=pytest.mark.xdist_group(f"transformers-{m}")) for m in DETECTORS]
 
 
 # ---- without transformers ----------------------------------------------------------------------
@@ -154,7 +157,7 @@ def test_opforge_imports_and_explains_without_transformers():
 
 
 @slow
-@pytest.mark.parametrize("model", DETECTORS)
+@pytest.mark.parametrize("model", DETECTOR_PARAMS)
 def test_eager_runs_opforge_and_matches_stock_then_undo_restores_it(model):
     r = checks(MAIN, model, "eager,grads,export")["eager"]
     calls = DETECTORS[model]
@@ -176,7 +179,7 @@ def test_eager_runs_opforge_and_matches_stock_then_undo_restores_it(model):
 
 
 @slow
-@pytest.mark.parametrize("model", DETECTORS)
+@pytest.mark.parametrize("model", DETECTOR_PARAMS)
 def test_float64_gradients_match_stock(model):
     r = checks(MAIN, model, "eager,grads,export")["grads"]
     assert r["same_parameters"] and r["parameters"] > 50
@@ -206,7 +209,7 @@ def _assert_patched_export(side: dict, stock: dict, calls: int, scale: float) ->
 
 
 @slow
-@pytest.mark.parametrize("model", DETECTORS)
+@pytest.mark.parametrize("model", DETECTOR_PARAMS)
 def test_dynamo_export_has_opforge_nodes_and_runs_in_ort(model):
     r = checks(MAIN, model, "eager,grads,export")["export"]
     stock = r["dynamo"]["stock"]
@@ -222,7 +225,7 @@ STOCK_TORCHSCRIPT_RUNS = {"deformable_detr": False, "rt_detr": True, "mask2forme
 
 
 @slow
-@pytest.mark.parametrize("model", DETECTORS)
+@pytest.mark.parametrize("model", DETECTOR_PARAMS)
 def test_torchscript_export_has_opforge_nodes_and_runs_in_ort(model):
     report = checks(MAIN, model, "eager,grads,export")["export"]
     stock = report["torchscript"]["stock"]

@@ -159,13 +159,9 @@ DEFORM_CONV2D = _spec.OpSpec(
     ),
     outputs=("output",),
     doc="Deformable convolution v1/v2 with torchvision.ops.deform_conv2d's semantics.",
-    fake=_fake,
-    setup_context=_setup_context,
-    backward=_backward,
-    reference=_reference,
-    onnx_output_shapes=_shape_rule.onnx_output_shapes,
-    standard_torchscript=_standard_torchscript,
-    standard_dynamo=_standard_dynamo,
+    fake=_fake, reference=_reference, onnx_output_shapes=_shape_rule.onnx_output_shapes,  # shapes, values
+    setup_context=_setup_context, backward=_backward,  # autograd
+    standard_torchscript=_standard_torchscript, standard_dynamo=_standard_dynamo,  # the standard-ONNX form
     standard_from_opset=19,
     torch_aliases=("torchvision::deform_conv2d",),
 )

@@ -246,13 +246,9 @@ MS_DEFORM_ATTN = _spec.OpSpec(
     ),
     outputs=("output",),
     doc="Multi-scale deformable attention (Deformable DETR): (N, Lq, M*D).",
-    fake=_fake,
-    setup_context=_setup_context,
-    backward=_backward,
-    reference=_reference,
-    onnx_output_shapes=_shape_rule.onnx_output_shapes,
-    standard_torchscript=_standard_torchscript,
-    standard_dynamo=_standard_dynamo,
+    fake=_fake, reference=_reference, onnx_output_shapes=_shape_rule.onnx_output_shapes,  # shapes, values
+    setup_context=_setup_context, backward=_backward,  # autograd
+    standard_torchscript=_standard_torchscript, standard_dynamo=_standard_dynamo,  # the standard-ONNX form
     standard_min_opset=16,  # GridSample
 )
 

@@ -90,13 +90,9 @@ MY_ADD = _spec.OpSpec(
     helper_ops=("_my_add_output_shapes",),
     outputs=("C",),
     doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
-    fake=_fake,
-    setup_context=_setup_context,
-    backward=_backward,
-    reference=_reference,
-    onnx_output_shapes=_shape_rule.onnx_output_shapes,
-    standard_torchscript=_standard_torchscript,
-    standard_dynamo=_standard_dynamo,
+    fake=_fake, reference=_reference, onnx_output_shapes=_shape_rule.onnx_output_shapes,  # shapes, values
+    setup_context=_setup_context, backward=_backward,  # autograd
+    standard_torchscript=_standard_torchscript, standard_dynamo=_standard_dynamo,  # the standard-ONNX form
 )
 
 my_add_op = register_op(MY_ADD, extension=_C)

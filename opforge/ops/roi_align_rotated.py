@@ -162,11 +162,8 @@ ROI_ALIGN_ROTATED = _spec.OpSpec(
     ),
     outputs=("output",),
     doc="Rotated RoI Align (mmcv's roi_align_rotated): (K, C, output_height, output_width).",
-    fake=_fake,
-    setup_context=_setup_context,
-    backward=_backward,
-    reference=_reference,
-    onnx_output_shapes=_shape_rule.onnx_output_shapes,
+    fake=_fake, reference=_reference, onnx_output_shapes=_shape_rule.onnx_output_shapes,  # shapes, values
+    setup_context=_setup_context, backward=_backward,  # autograd
 )
 
 roi_align_rotated_op = register_op(ROI_ALIGN_ROTATED, extension=_C)

@@ -219,24 +219,11 @@ inline std::string deform_conv2d_check(const int64_t* input, int input_rank, con
   std::vector<std::vector<int64_t>> out;
   if (std::string err = deform_conv2d_output_shapes(in, out); !err.empty()) return err;
   p = DeformConv2dParams{};
-  p.batch = input[0];
-  p.in_channels = input[1];
-  p.in_h = input[2];
-  p.in_w = input[3];
-  p.out_channels = weight[0];
-  p.kernel_h = weight[2];
-  p.kernel_w = weight[3];
-  p.out_h = out[0][2];
-  p.out_w = out[0][3];
-  p.stride_h = stride_h;
-  p.stride_w = stride_w;
-  p.pad_h = pad_h;
-  p.pad_w = pad_w;
-  p.dil_h = dil_h;
-  p.dil_w = dil_w;
-  p.weight_groups = weight_groups;
-  p.offset_groups = offset_groups;
-  p.use_mask = use_mask;
+  p.batch = input[0], p.in_channels = input[1], p.in_h = input[2], p.in_w = input[3];
+  p.out_channels = weight[0], p.kernel_h = weight[2], p.kernel_w = weight[3];
+  p.out_h = out[0][2], p.out_w = out[0][3];
+  p.stride_h = stride_h, p.stride_w = stride_w, p.pad_h = pad_h, p.pad_w = pad_w, p.dil_h = dil_h, p.dil_w = dil_w;
+  p.weight_groups = weight_groups, p.offset_groups = offset_groups, p.use_mask = use_mask;
   return "";
 }
 

@@ -116,15 +116,9 @@ inline std::string grid_sample_check(const int64_t* input, int input_rank, const
     return op + "grid has " + std::to_string(grid[0]) + " images (shape " + dims_str(grid, 4) + ") but input has " +
            std::to_string(input[0]) + " (shape " + dims_str(input, 4) + "): the batch sizes must match";
   p = GridSampleParams{};
-  p.batch = input[0];
-  p.channels = input[1];
-  p.in_h = input[2];
-  p.in_w = input[3];
-  p.out_h = grid[1];
-  p.out_w = grid[2];
-  p.interpolation = interpolation;
-  p.padding = padding;
-  p.align_corners = align_corners != 0;
+  p.batch = input[0], p.channels = input[1], p.in_h = input[2], p.in_w = input[3];
+  p.out_h = grid[1], p.out_w = grid[2];
+  p.interpolation = interpolation, p.padding = padding, p.align_corners = align_corners != 0;
   // Element counts, and byte counts in any dtype (16 bytes bounds all of them).
   const int64_t out_dims[4] = {p.batch, p.channels, p.out_h, p.out_w};
   int64_t input_numel = 1, grid_numel = 1, out_numel = 1, bytes = 0;

@@ -140,13 +140,8 @@ inline std::string ms_deform_attn_check(const int64_t* value, int value_rank, co
   std::vector<std::vector<int64_t>> out;
   if (std::string err = ms_deform_attn_output_shapes(in, out); !err.empty()) return err;
   p = MsDeformAttnParams{};
-  p.batch = value[0];
-  p.value_len = value[1];
-  p.heads = value[2];
-  p.channels = value[3];
-  p.levels = spatial_shapes[0];
-  p.queries = sampling_locations[1];
-  p.points = sampling_locations[4];
+  p.batch = value[0], p.value_len = value[1], p.heads = value[2], p.channels = value[3];
+  p.levels = spatial_shapes[0], p.queries = sampling_locations[1], p.points = sampling_locations[4];
   return "";
 }
 

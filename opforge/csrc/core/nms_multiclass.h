@@ -56,12 +56,8 @@ inline std::string nms_multiclass_check(const std::string& op, const int64_t* bo
     return op + ": iou_threshold must be in [0, 1], got " + std::to_string(iou_threshold);
   if (std::isnan(score_threshold)) return op + ": score_threshold is NaN";
   p = NmsMulticlassParams{};
-  p.batch = boxes[0];
-  p.boxes = boxes[1];
-  p.classes = scores[1];
-  p.box_dim = box_dim;
-  p.iou_threshold = iou_threshold;
-  p.score_threshold = score_threshold;
+  p.batch = boxes[0], p.boxes = boxes[1], p.classes = scores[1], p.box_dim = box_dim;
+  p.iou_threshold = iou_threshold, p.score_threshold = score_threshold;
   return "";
 }
 

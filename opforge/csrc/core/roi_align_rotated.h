@@ -107,17 +107,9 @@ inline std::string roi_align_rotated_check(const int64_t* input, int input_rank,
   std::vector<std::vector<int64_t>> out;
   if (std::string err = roi_align_rotated_output_shapes(in, out); !err.empty()) return err;
   p = RoiAlignRotatedParams{};
-  p.batch = input[0];
-  p.channels = input[1];
-  p.height = input[2];
-  p.width = input[3];
-  p.rois = rois[0];
-  p.pooled_h = pooled_h;
-  p.pooled_w = pooled_w;
-  p.spatial_scale = spatial_scale;
-  p.sampling_ratio = sampling_ratio;
-  p.aligned = aligned;
-  p.clockwise = clockwise;
+  p.batch = input[0], p.channels = input[1], p.height = input[2], p.width = input[3];
+  p.rois = rois[0], p.pooled_h = pooled_h, p.pooled_w = pooled_w;
+  p.spatial_scale = spatial_scale, p.sampling_ratio = sampling_ratio, p.aligned = aligned, p.clockwise = clockwise;
   return "";
 }
 

@@ -1,6 +1,6 @@
-// CUDA kernels of deform_conv2d: thin grid-stride wrappers around the shared
-// work-item bodies (core/deform_conv2d_gpu.h). The GEMMs are the caller's:
-// ATen (cuBLAS) in the torch extension, cuBLAS directly in the ORT library.
+// CUDA launchers of deform_conv2d: the shared work items (core/deform_conv2d_gpu.h),
+// one thread per (image, offset group, tap, output pixel). The GEMMs are the
+// caller's: ATen (cuBLAS) in the torch extension, cuBLAS directly in the ORT library.
 #pragma once
 
 #include <cstdint>
@@ -12,25 +12,6 @@ namespace opforge {
 namespace core {
 namespace cuda {
 
-template <typename T, typename A>
-__global__ void __launch_bounds__(kThreads)
-    deform_im2col_kernel(const DeformConv2dParams p, int64_t items, const T* __restrict__ input,
-                         const T* __restrict__ offset, const T* __restrict__ mask, int64_t first_image,
-                         T* __restrict__ col) {
-  for (int64_t i = global_thread(); i < items; i += grid_threads())
-    deform_im2col_item<T, A>(p, i, input, offset, mask, first_image, col);
-}
-
-template <typename T, typename A>
-__global__ void __launch_bounds__(kThreads)
-    deform_backward_kernel(const DeformConv2dParams p, int64_t items, const T* __restrict__ input,
-                           const T* __restrict__ offset, const T* __restrict__ mask, int64_t first_image,
-                           const T* __restrict__ grad_col, A* __restrict__ grad_input, T* __restrict__ grad_offset,
-                           T* __restrict__ grad_mask) {
-  for (int64_t i = global_thread(); i < items; i += grid_threads())
-    deform_backward_item<T, A>(p, i, input, offset, mask, first_image, grad_col, grad_input, grad_offset, grad_mask);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     fill_bias_kernel(int64_t items, int64_t out_channels, int64_t pixels, const T* __restrict__ bias,
@@ -41,11 +22,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 cudaError_t launch_deform_im2col(const DeformConv2dParams& p, const T* input, const T* offset, const T* mask,
                                  int64_t first_image, int64_t images, T* col, cudaStream_t stream) {
-  const int64_t items = deform_gpu_items(p, images);
-  if (items == 0) return cudaSuccess;
-  deform_im2col_kernel<T, typename acc<T>::type>
-      <<<grid_for(items), kThreads, 0, stream>>>(p, items, input, offset, mask, first_image, col);
-  return cudaGetLastError();
+  return launch_items<deform_im2col_item<T, typename acc<T>::type>>(deform_gpu_items(p, images), stream, p, input,
+                                                                     offset, mask, first_image, col);
 }
 
 template <typename T>
@@ -53,11 +31,9 @@ cudaError_t launch_deform_backward(const DeformConv2dParams& p, const T* input, 
                                    int64_t first_image, int64_t images, const T* grad_col,
                                    typename acc<T>::type* grad_input, T* grad_offset, T* grad_mask,
                                    cudaStream_t stream) {
-  const int64_t items = deform_gpu_items(p, images);
-  if (items == 0) return cudaSuccess;
-  deform_backward_kernel<T, typename acc<T>::type><<<grid_for(items), kThreads, 0, stream>>>(
-      p, items, input, offset, mask, first_image, grad_col, grad_input, grad_offset, grad_mask);
-  return cudaGetLastError();
+  return launch_items<deform_backward_item<T, typename acc<T>::type>>(deform_gpu_items(p, images), stream, p, input,
+                                                                       offset, mask, first_image, grad_col,
+                                                                       grad_input, grad_offset, grad_mask);
 }
 
 template <typename T>

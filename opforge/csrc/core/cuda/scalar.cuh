@@ -1,5 +1,6 @@
 // CUDA-side scalar plumbing: 16-bit conversions for the shared host+device
-// cores, launch geometry, and the storage-type mapping used by kernels.cuh.
+// cores, launch geometry, the one grid-stride kernel form, and the
+// storage-type mapping used by kernels.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,6 +57,33 @@ __device__ __forceinline__ int64_t global_thread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// A kernel parameter of type T: pointers become __restrict__ (the operands of one launch never
+// overlap), so read-only operands load through the non-coherent cache.
+template <typename T>
+struct kernel_param {
+  using type = T;
+};
+template <typename T>
+struct kernel_param<T*> {
+  using type = T* __restrict__;
+};
+
+// The one kernel form of the shared cores: a grid-stride loop that runs the op's work item,
+// item(p, i, args...) for i in [0, items). core/<op>_gpu.h holds the items; the host
+// emulation tests run the same items in a loop.
+template <auto item, typename Params, typename... Args>
+__global__ void __launch_bounds__(kThreads)
+    for_each_item_kernel(const Params p, int64_t items, typename kernel_param<Args>::type... args) {
+  for (int64_t i = global_thread(); i < items; i += grid_threads()) item(p, i, args...);
+}
+
+template <auto item, typename Params, typename... Args>
+cudaError_t launch_items(int64_t items, cudaStream_t stream, const Params& p, Args... args) {
+  if (items <= 0) return cudaSuccess;
+  for_each_item_kernel<item, Params, Args...><<<grid_for(items), kThreads, 0, stream>>>(p, items, args...);
+  return cudaGetLastError();
+}
 
 }  // namespace cuda
 }  // namespace core
