@@ -3,16 +3,14 @@ onnxruntime and numpy, with libopforge_ort.so copied in as the one file, across 
 onnxruntime range (>= 1.21: the library is built on the 1.21 headers); an older runtime gets a clear
 error naming the API version it lacks.
 
-Throwaway venvs live in build/deploy-venvs/ (gitignored), made once and reused across runs; the
-first run needs PyPI. tests/deploy_ort_runner.py is what runs inside them.
+Throwaway venvs live in build/deploy-venvs/ (gitignored), made once and reused across runs
+(helpers.cached_venv); the first run needs PyPI. tests/deploy_ort_runner.py is what runs inside them.
 """
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ import torch
 
 import opforge
 
-from helpers import DCNv1Block, DCNv2Block, to_numpy, without_cuda
+from helpers import DCNv1Block, DCNv2Block, cached_venv, to_numpy, without_cuda
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_ROOT = REPO / "build" / "deploy-venvs"
@@ -32,8 +30,6 @@ RUNNER = Path(__file__).with_name("deploy_ort_runner.py")
 SUPPORTED = {"1.21.0": ["onnxruntime==1.21.0", "numpy"], "1.32.0": ["onnxruntime==1.32.0", "numpy"]}
 TOO_OLD = {"1.17.3": ["onnxruntime==1.17.3", "numpy<2"]}
 NEEDED_API_VERSION = 21  # ORT_API_VERSION of the headers libopforge_ort is built on
-
-STAMP = "opforge-deploy-stamp.json"  # written only after a successful install: its absence means rebuild
 
 
 def _run(cmd, what: str, timeout: int = 900, **kw) -> subprocess.CompletedProcess:
@@ -46,26 +42,9 @@ def _run(cmd, what: str, timeout: int = 900, **kw) -> subprocess.CompletedProces
 
 
 def deploy_venv(version: str, requirements: list[str]) -> Path:
-    """The python of build/deploy-venvs/ort-<version>, made (python3.11 -m venv + pip) if its stamp
-    is missing or names other requirements. A lock keeps concurrent pytest runs from building one venv twice."""
-    venv = VENV_ROOT / f"ort-{version}"
-    python = venv / "bin" / "python"
-    VENV_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(VENV_ROOT / f"ort-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = venv / STAMP
-        if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == requirements:
-            return python
-        shutil.rmtree(venv, ignore_errors=True)  # half-made or stale
-        # the onnxruntime pins have cp311 wheels (1.17.3 has none for newer Pythons)
-        base_python = shutil.which("python3.11")
-        if base_python is None:
-            pytest.fail("python3.11 is not on PATH: the deployment venvs are made with it", pytrace=False)
-        _run([base_python, "-m", "venv", venv], f"creating the onnxruntime {version} venv")
-        _run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--only-binary=:all:",
-              *requirements], f"pip install {' '.join(requirements)}")
-        stamp.write_text(json.dumps(requirements))
-        return python
+    """The python of build/deploy-venvs/ort-<version>/venv: python3.11 with ``requirements`` only
+    (the onnxruntime pins have cp311 wheels; 1.17.3 has none for newer Pythons)."""
+    return Path(cached_venv(VENV_ROOT / f"ort-{version}", requirements, what=f"onnxruntime {version}"))
 
 
 @pytest.fixture(scope="session")

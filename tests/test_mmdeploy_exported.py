@@ -14,11 +14,9 @@ The quick tier needs only the committed files. The slow test re-creates the mmde
 (build/mmdeploy-venv, reused by its stamp) and re-exports everything, checking the node forms.
 """
 
-import fcntl
 import functools
 import importlib.util
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,6 +29,8 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 import opforge
+
+from helpers import cached_venv
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "mmdeploy"
@@ -335,9 +335,6 @@ def test_ort_session_registers_the_mmdeploy_library_by_itself():
 # ---- regenerating the files with mmdeploy (slow: a venv with torch 2.0.1 and mmdeploy) -------------------
 
 VENV = REPO / "build" / "mmdeploy-venv"
-STAMP = "opforge-mmdeploy-stamp.json"  # written only after a successful install
-UNREACHABLE = ("Network is unreachable", "Temporary failure in name resolution", "Max retries exceeded",
-               "Failed to establish a new connection", "Connection refused", "ProxyError")
 
 
 def _generator_requirements() -> list:
@@ -348,33 +345,8 @@ def _generator_requirements() -> list:
 
 
 def mmdeploy_venv() -> Path:
-    """The python of build/mmdeploy-venv, (re)made with python3.11 + pip when its stamp is missing
-    or names other requirements; a lock keeps concurrent runs from making it twice."""
-    requirements = _generator_requirements()
-    python = VENV / "bin" / "python"
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(VENV.parent / "mmdeploy-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = VENV / STAMP
-        if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == requirements:
-            return python
-        shutil.rmtree(VENV, ignore_errors=True)
-        base = shutil.which("python3.11")
-        if base is None:
-            pytest.fail("python3.11 is not on PATH: the mmdeploy venv (torch 2.0.1 wheels) is made with it",
-                        pytrace=False)
-        subprocess.run([base, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=300)
-        proc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                               *requirements], capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            shutil.rmtree(VENV, ignore_errors=True)
-            if any(s in proc.stdout + proc.stderr for s in UNREACHABLE):
-                pytest.skip("the package index is unreachable, so the mmdeploy venv cannot be made:\n"
-                            f"{proc.stderr[-2000:]}")
-            pytest.fail(f"pip install {' '.join(requirements)} failed (exit {proc.returncode}):\n"
-                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", pytrace=False)
-        stamp.write_text(json.dumps(requirements))
-        return python
+    """The python of build/mmdeploy-venv/venv: python3.11 with the generator's REQUIREMENTS."""
+    return Path(cached_venv(VENV, _generator_requirements(), what="mmdeploy"))
 
 
 def _node_forms(path: Path) -> list:

@@ -12,9 +12,7 @@ Without the package index the venvs cannot be made and those tests skip, saying 
 them is tests/serving_checks.py; the models and torch's outputs are made here.
 """
 
-import fcntl
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,18 +27,14 @@ from opforge.ort_kernels import cuda_companion_path
 from opforge.triton_repo import MIN_TRITON, TritonRepoError, write_triton_repo
 
 from distributed_checks import IMAGE, DcnMsdaNet
-from helpers import scratch_venv
+from helpers import cached_venv
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_ROOT = REPO / "build" / "serve-venvs"
 CHECKS = Path(__file__).with_name("serving_checks.py")
-STAMP = "opforge-serve-stamp.json"  # written only after a successful install
 RAY_REQUIREMENTS = ["ray[serve]==2.60.0"]
 TRITON_REQUIREMENTS = ["nvidia-pytriton==0.7.0", "tritonclient[grpc,http]==2.73.0", "onnxruntime==1.21.0",
                        "numpy<2"]  # (pytriton 0.7.0 needs numpy < 2)
-# what pip prints when it cannot reach the index (its retries' warnings); a pin the index lacks fails
-UNREACHABLE = ("Network is unreachable", "Temporary failure in name resolution", "Max retries exceeded",
-               "Failed to establish a new connection", "Connection refused", "ProxyError")
 # The model runs in ORT's Conv (MLAS) for the offset/mask/stem convolutions and in torch's (oneDNN)
 # with another summation order; those ~1e-7 differences move deform_conv2d's and ms_deform_attn's
 # bilinear sampling points (measured here: 3e-8 max abs on outputs up to 0.15); as in the other
@@ -48,51 +42,11 @@ UNREACHABLE = ("Network is unreachable", "Temporary failure in name resolution",
 TOL = 1e-4
 
 
-def _pip(python: Path, requirements: list, own_pip: bool) -> subprocess.CompletedProcess:
-    # a venv without pip of its own is installed into by this venv's pip (--python)
-    head = [str(python), "-m", "pip"] if own_pip else [sys.executable, "-m", "pip", "--python", str(python)]
-    return subprocess.run(head + ["install", "--disable-pip-version-check", "-q", "--only-binary=:all:",
-                                  *requirements], capture_output=True, text=True, timeout=1800)
-
-
 def serve_venv(name: str, requirements: list, *, sees_this_venv: bool) -> Path:
-    """The python of build/serve-venvs/NAME with ``requirements``, made if its stamp is missing or
-    names others. ``sees_this_venv``: a scratch venv that sees this venv's packages (so torch,
-    onnxruntime and opforge are not installed twice); else a plain python3.11 venv with pip."""
-    venv = VENV_ROOT / name / "venv"  # (scratch_venv's layout: BASE/venv)
-    python = venv / "bin" / "python"
-    VENV_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(VENV_ROOT / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest runs make it once
-        stamp = venv / STAMP
-        if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == requirements:
-            return python
-        shutil.rmtree(venv, ignore_errors=True)  # half-made or stale
-        venv.parent.mkdir(exist_ok=True)
-        if sees_this_venv:
-            scratch_venv(venv.parent)
-        else:
-            base = shutil.which("python3.11")
-            if base is None:
-                pytest.fail("python3.11 is not on PATH: the Triton venv is made with it", pytrace=False)
-            subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-        proc = _pip(python, requirements, own_pip=not sees_this_venv)
-        if proc.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            if any(s in proc.stdout + proc.stderr for s in UNREACHABLE):
-                pytest.skip(f"the package index is unreachable, so the {name} venv ({' '.join(requirements)}) "
-                            f"cannot be made:\n{proc.stderr[-2000:]}")
-            pytest.fail(f"pip install {' '.join(requirements)} failed (exit {proc.returncode}):\n"
-                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", pytrace=False)
-        if sees_this_venv:  # torch and numpy must stay this venv's: pip must not have pulled others in
-            site = next((venv / "lib").glob("python*/site-packages"))
-            doubles = [p.name for p in site.iterdir() if p.name.split("-")[0].lower() in
-                       ("torch", "numpy", "onnxruntime", "onnx", "opforge")]
-            if doubles:
-                shutil.rmtree(venv, ignore_errors=True)
-                pytest.fail(f"pip put its own {doubles} into the {name} venv", pytrace=False)
-        stamp.write_text(json.dumps(requirements))
-        return python
+    """The python of build/serve-venvs/NAME/venv with ``requirements``. ``sees_this_venv``: a scratch
+    venv that sees this venv's packages (so torch, onnxruntime and opforge are not installed twice);
+    else a plain python3.11 venv."""
+    return Path(cached_venv(VENV_ROOT / name, requirements, sees_this_venv=sees_this_venv, what=name))
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,8 @@ transformers 5.20.0 with kernels 0.17.2, a pair whose kernel mechanism is on.
 
 from __future__ import annotations
 
-import fcntl
-import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import scratch_venv
+from helpers import cached_venv
 
 # Every test but the first makes the venvs and runs models: minutes, so the quick tier leaves them out.
 slow = pytest.mark.slow
@@ -34,18 +31,10 @@ slow = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 VENV_ROOT = REPO / "build" / "transformers-venvs"
 CHECKS = Path(__file__).with_name("transformers_checks.py")
-STAMP = "opforge-transformers-stamp.json"  # written only after a successful install
-UNREACHABLE = ("Network is unreachable", "Temporary failure in name resolution", "Max retries exceeded",
-               "Failed to establish a new connection", "Connection refused", "ProxyError")
-
 VENVS = {
     "transformers-5.23": ["transformers==5.23.0", "kernels==0.17.2", "scipy"],  # scipy: Mask2Former's loss
     "transformers-5.20-kernels": ["transformers==5.20.0", "kernels==0.17.2"],
 }
-
-# Packages the venvs must take from .venv, never a copy of their own (pip is held to these versions).
-PARENT_PINNED = ("torch", "numpy")
-
 
 def _fail(what: str, proc: subprocess.CompletedProcess) -> None:
     pytest.fail(f"{what} failed (exit {proc.returncode}):\n--- stdout\n{proc.stdout[-4000:]}\n"
@@ -53,38 +42,9 @@ def _fail(what: str, proc: subprocess.CompletedProcess) -> None:
 
 
 def transformers_venv(name: str) -> Path:
-    """The python of build/transformers-venvs/<name>/venv, (re)made when its stamp is missing or
-    names other requirements; a lock keeps concurrent runs from making it twice. Skips only when
-    the package index cannot be reached."""
-    requirements = VENVS[name]
-    pins = [f"{p}=={importlib.metadata.version(p)}" for p in PARENT_PINNED]
-    base = VENV_ROOT / name
-    python = base / "venv" / "bin" / "python"
-    VENV_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(VENV_ROOT / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = base / STAMP
-        wanted = {"requirements": requirements, "pins": pins}
-        if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == wanted:
-            return python
-        shutil.rmtree(base, ignore_errors=True)
-        base.mkdir(parents=True)
-        scratch_venv(base)
-        constraints = base / "constraints.txt"
-        constraints.write_text("\n".join(pins) + "\n")
-        proc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                               "-c", str(constraints), *requirements], capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            shutil.rmtree(base, ignore_errors=True)
-            if any(s in proc.stdout + proc.stderr for s in UNREACHABLE):
-                pytest.skip(f"the package index is unreachable, so the {name} venv cannot be made:\n"
-                            f"{proc.stderr[-2000:]}")
-            _fail(f"pip install {' '.join(requirements)} into {base}", proc)
-        site = next((base / "venv" / "lib").glob("python*/site-packages"))
-        copies = [p for p in PARENT_PINNED if (site / p).exists()]
-        assert not copies, f"pip installed its own {copies} into {site}: the venv must use .venv's"
-        stamp.write_text(json.dumps(wanted))
-        return python
+    """The python of build/transformers-venvs/<name>/venv: a venv on .venv's packages (its torch and
+    numpy) with VENVS[name]."""
+    return Path(cached_venv(VENV_ROOT / name, VENVS[name], sees_this_venv=True, what=name))
 
 
 _results: dict = {}

@@ -1,10 +1,10 @@
 """Writes genuine mmdeploy 1.3.1 exports of five custom ops, their input cases and the outputs of
 mmdeploy's own ONNX Runtime library, for tests/test_mmdeploy_exported.py.
 
-Runs INSIDE the throwaway venv build/mmdeploy-venv (python3.11; torch 2.0.1, mmdeploy 1.3.1,
+Runs INSIDE the throwaway venv build/mmdeploy-venv/venv (python3.11; torch 2.0.1, mmdeploy 1.3.1,
 mmcv-lite, onnxruntime 1.15.1; see REQUIREMENTS), never in the main venv:
 
-    build/mmdeploy-venv/bin/python tests/mmdeploy_export/export_cases.py [--out DIR] [--skip-mmdeploy-run]
+    build/mmdeploy-venv/venv/bin/python tests/mmdeploy_export/export_cases.py [--out DIR] [--skip-mmdeploy-run]
 
 The graphs come from mmdeploy's own rewriting: every model goes through
 ``mmdeploy.apis.onnx.export(..., backend='onnxruntime', context_info={'deploy_cfg': ...})``, i.e.

@@ -1,6 +1,6 @@
 // CUDA kernels of my_add: a 16-byte-vectorised grid-stride kernel for the
-// common all-contiguous case, and a general broadcasting/strided one. Both
-// use the shared element body (core/my_add_gpu.h).
+// common all-contiguous case, and the general broadcasting/strided work item
+// (core/my_add_gpu.h) through launch_items. Both use the shared element body.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +37,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = packs * kVec + global_thread(); i < n; i += step) out[i] = my_add_element<T, A>(a[i], b[i]);
 }
 
-template <typename T, typename A>
-__global__ void __launch_bounds__(kThreads)
-    my_add_broadcast_kernel(const BinaryPlan plan, const T* __restrict__ a, const T* __restrict__ b,
-                            T* __restrict__ out) {
-  for (int64_t i = global_thread(); i < plan.numel; i += grid_threads()) my_add_item<T, A>(plan, i, a, b, out);
-}
-
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename T>
@@ -56,7 +49,7 @@ cudaError_t launch_my_add(const BinaryPlan& plan, const T* a, const T* b, T* out
   } else if (contiguous) {
     my_add_contiguous_kernel<T, A, 1><<<grid_for(plan.numel), kThreads, 0, stream>>>(a, b, out, plan.numel);
   } else {
-    my_add_broadcast_kernel<T, A><<<grid_for(plan.numel), kThreads, 0, stream>>>(plan, a, b, out);
+    return launch_items<my_add_item<T, A>>(plan.numel, stream, plan, a, b, out);  // broadcasting, strided
   }
   return cudaGetLastError();
 }
