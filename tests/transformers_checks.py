@@ -332,12 +332,14 @@ def check_export(name: str) -> dict:
               "eager_float32_vs_float64": max(float(np.abs(e - t).max()) for e, t in zip(eager, truth))}
     for dynamo in (False, True):
         exporter = "dynamo" if dynamo else "torchscript"
-        sides = {"stock": _export_and_run(_Wrapped(model, outputs), image, dynamo)}
+        sides = {}
+        if not (dynamo and name in NEEDS_ATEN_FALLBACK):
+            # (those fail in dynamo without the fallback, stock as patched: the patched failure and
+            # the fallback's export say it; a stock failure would add 17 s and nothing else)
+            sides["stock"] = _export_and_run(_Wrapped(model, outputs), image, dynamo)
         with opforge.patch_transformers():
             sides["patched"] = _export_and_run(_Wrapped(model, outputs), image, dynamo)
-        if dynamo and name in NEEDS_ATEN_FALLBACK:
-            sides["stock_aten_fallback"] = _export_and_run(_Wrapped(model, outputs), image, dynamo, aten_fallback=True)
-            with opforge.patch_transformers():
+            if dynamo and name in NEEDS_ATEN_FALLBACK:
                 sides["patched_aten_fallback"] = _export_and_run(_Wrapped(model, outputs), image, dynamo,
                                                                  aten_fallback=True)
         for side in sides.values():
@@ -350,12 +352,12 @@ def check_export(name: str) -> dict:
 
 
 def check_attention_backends(name: str) -> dict:
-    """Mask2Former on Swin with the dynamo exporter: stock and patched on transformers' default
-    attention (SDPA), patched on eager attention (``set_attn_implementation("eager")``)."""
+    """Mask2Former on Swin with the dynamo exporter: patched on transformers' default attention
+    (SDPA), then patched and stock on eager attention (``set_attn_implementation("eager")``)."""
     model, outputs, image = build(name)
     with torch.no_grad():
         eager = [v.numpy() for v in run(model, outputs, image)]
-    report = {"stock_sdpa": _export_and_run(_Wrapped(model, outputs), image, True)}
+    report = {}
     with opforge.patch_transformers():
         report["patched_sdpa"] = _export_and_run(_Wrapped(model, outputs), image, True)
         model.set_attn_implementation("eager")
