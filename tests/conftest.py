@@ -164,6 +164,8 @@ def _is_slow(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    config._opforge_collected = {full: sum(item.nodeid.startswith(full) for item in items)
+                                 for full in STAND_INS.values()}
     items.sort(key=_rank)  # stable: the order inside each rank is the collection order
     for item in items:
         if _is_slow(item):
@@ -175,6 +177,25 @@ def pytest_collection_modifyitems(config, items):
         with os.fdopen(fd, "w") as f:
             json.dump(groups, f)
         os.replace(tmp, groups_file)  # every worker writes the same map
+
+
+# ---- stand-ins: quick-tier tests whose cases a selected slow test runs anyway --------------------
+#
+# test_aten_fuzz_sample runs a subset (same seed, same case numbers) of the cases the full set's
+# batches run: the quick tier's stand-in for them. Where the batches are selected too (a full run,
+# CI), it is deselected (reported as such, not skipped): its ~4,000 cases would run twice.
+STAND_INS = {"tests/test_aten_fuzz.py::test_aten_fuzz_sample": "tests/test_aten_fuzz.py::test_aten_fuzz_full["}
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after -m / -k selection
+def pytest_collection_modifyitems_stand_ins(config, items):  # (a hook name must start with pytest_)
+    collected = getattr(config, "_opforge_collected", {})  # before selection (the hook above)
+    selected = {item.nodeid for item in items}
+    covered = [item for item in items if (full := STAND_INS.get(item.nodeid))
+               and 0 < sum(n.startswith(full) for n in selected) == collected.get(full)]
+    if covered:
+        config.hook.pytest_deselected(items=covered)
+        items[:] = [item for item in items if item not in covered]
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: `-p no:xdist` must still run

@@ -6,7 +6,9 @@ and the command that reruns it alone, and the batch goes on after it, so one run
 failing case. A batch also fails when its process's peak RSS reaches 1.5 GB.
 
 The quick tier runs a fixed sample (every overload's baseline and INT64_MIN/-1 cases, two hostile
-variants each, every finding of issue #43); the full set's batches are marked slow. Knobs:
+variants each, every finding of issue #43); the full set's batches are marked slow, and a run
+that selects all of them deselects the sample, whose cases they include (tests/conftest.py:
+STAND_INS). Knobs:
 
 * OPFORGE_ATEN_LIBRARY=/path/libopforge_aten.so: test another build of the library (path (b)
   registers it, path (a) points ``opforge.register_ort_library`` at it);
