@@ -205,7 +205,8 @@ def cached_venv(base, requirements: list, *, sees_this_venv: bool = False, what:
     it twice. Skips only when the package index cannot be reached.
 
     * ``sees_this_venv``: a scratch venv on this venv's packages (:func:`scratch_venv`), installed
-      into with pip, held to this venv's versions of PARENT_PACKAGES (pip must not bring a copy).
+      into with pip (uv does not see packages on a .pth path and would install torch again), held
+      to this venv's versions of PARENT_PACKAGES (pip must not bring a copy).
     * else a self-contained python3.11 venv (pip and setuptools seeded, as ``python -m venv`` makes
       it), installed into with uv: uv links the packages from its cache (UV_CACHE_DIR, default
       ~/.cache/uv), about 1 s for torch 2.0.1 once cached where pip unpacks its 2.5 GB every time
@@ -236,7 +237,10 @@ def cached_venv(base, requirements: list, *, sees_this_venv: bool = False, what:
             scratch_venv(base)
             pins = base / "constraints.txt"
             pins.write_text("".join(f"{p}=={importlib.metadata.version(p)}\n" for p in PARENT_PACKAGES[:4]))
-            install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(pins)]
+            # --no-compile: Python compiles what a run imports, when it imports it; pip compiling every
+            # module of transformers or ray up front took 11 of the 17 s a transformers venv took
+            install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile",
+                       "-c", str(pins)]
         else:
             base_python = shutil.which("python3.11")
             if base_python is None:
