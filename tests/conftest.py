@@ -80,15 +80,16 @@ def _seed():
 #   wheel, a coverage measurement, onnxruntime venvs, a tutorial's run) go to one worker, so it
 #   is built once; so do tests marked `xdist_group(name)` (the ATen round trips of one sample,
 #   which share its translations).
-# * Work is handed out in collection order, sorted: the long groups first (they overlap the
-#   many short tests), the coverage measurement last (it exports every ATen sample at every
-#   opset; by then the round trips have put the translations it needs in the shared cache).
+# * Work is handed out in collection order, sorted: the long groups and tests first (they overlap
+#   the many short tests; one started last leaves the other worker idle at the end), the coverage
+#   measurement last (it exports every ATen sample at every opset; by then the round trips have
+#   put the translations it needs in the shared cache).
 # * The groups are computed where the tests are collected (each worker, with the fixtures
 #   known) and handed to the scheduler through a file: pytest-xdist's own loadgroup marks
 #   travel in the node id, which pytest 9.2's structured node ids no longer let it change
 #   (pytest-xdist issue #1386), so its loadgroup silently stopped grouping.
 FIRST = ("test_build.py", "test_new_op_schema.py", "test_new_op.py", "test_prototype.py", "test_deploy_ort_only.py",
-         "test_tutorials_cli_benchmarks.py")
+         "test_tutorials_cli_benchmarks.py", "test_transformers.py", "test_mmdeploy_exported.py", "test_serving.py")
 LAST = ("test_coverage.py",)
 
 
