@@ -502,10 +502,7 @@ def build_ext(*, build_dir: Optional[str] = None):
                 self._remove_stale_companion(ext)
             if not getattr(ext, "opforge_cuda_part", False):
                 return super().build_extension(ext)
-            # A companion compiles its library's sources again with other flags: objects of its own,
-            # per companion. (Two companions compile core/cuda's kernels.cu; into one object path,
-            # with their build-id include dirs differing, each build recompiled it twice with nvcc,
-            # every build, even with nothing changed.)
+            # Objects of each companion's own (two compile kernels.cu: one path recompiled it each build).
             build_temp = self.build_temp
             self.build_temp = os.path.join(build_temp, "cuda_companion", ext.name)
             try:

@@ -11,7 +11,6 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto, helper
 
 import opforge
 from opforge.ops.ms_deform_attn import MS_DEFORM_ATTN
