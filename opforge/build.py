@@ -502,7 +502,7 @@ def build_ext(*, build_dir: Optional[str] = None):
                 self._remove_stale_companion(ext)
             if not getattr(ext, "opforge_cuda_part", False):
                 return super().build_extension(ext)
-            # Objects of each companion's own (two compile kernels.cu: one path recompiled it each build).
+            # Each companion compiles into its own objects (two share kernels.cu: one path rebuilt it twice).
             build_temp = self.build_temp
             self.build_temp = os.path.join(build_temp, "cuda_companion", ext.name)
             try:

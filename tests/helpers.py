@@ -195,8 +195,10 @@ def profiling_session_options():
 UNREACHABLE = ("Network is unreachable", "Temporary failure in name resolution", "Max retries exceeded",
                "Failed to establish a new connection", "Connection refused", "ProxyError", "dns error",
                "error sending request", "tcp connect error", "Could not connect")
-#: Packages a venv that sees this one must take from it, never install a copy of its own.
-PARENT_PACKAGES = ("torch", "numpy", "onnxruntime", "onnx", "opforge")
+#: Packages a venv that sees this one must take from it, never install a copy of its own; pip is
+#: held to this venv's versions of the PyPI ones (opforge is this checkout's).
+PARENT_PINS = ("torch", "numpy", "onnxruntime", "onnx")
+PARENT_PACKAGES = (*PARENT_PINS, "opforge")
 
 
 def cached_venv(base, requirements: list, *, sees_this_venv: bool = False, what: str = "") -> str:
@@ -236,7 +238,7 @@ def cached_venv(base, requirements: list, *, sees_this_venv: bool = False, what:
         if sees_this_venv:
             scratch_venv(base)
             pins = base / "constraints.txt"
-            pins.write_text("".join(f"{p}=={importlib.metadata.version(p)}\n" for p in PARENT_PACKAGES[:4]))
+            pins.write_text("".join(f"{p}=={importlib.metadata.version(p)}\n" for p in PARENT_PINS))
             # --no-compile: Python compiles what a run imports, when it imports it; pip compiling every
             # module of transformers or ray up front took 11 of the 17 s a transformers venv took
             install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile",

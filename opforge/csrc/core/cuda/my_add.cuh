@@ -44,12 +44,11 @@ cudaError_t launch_my_add(const BinaryPlan& plan, const T* a, const T* b, T* out
   using A = typename acc<T>::type;
   constexpr int kVec = 16 / sizeof(T);
   const bool contiguous = plan.ndim == 1 && plan.stride_a[0] == 1 && plan.stride_b[0] == 1;
-  if (contiguous && aligned16(a) && aligned16(b) && aligned16(out)) {
+  if (!contiguous) return launch_items<my_add_item<T, A>>(plan.numel, stream, plan, a, b, out);  // broadcasting
+  if (aligned16(a) && aligned16(b) && aligned16(out)) {
     my_add_contiguous_kernel<T, A, kVec><<<grid_for(plan.numel / kVec + 1), kThreads, 0, stream>>>(a, b, out, plan.numel);
-  } else if (contiguous) {
-    my_add_contiguous_kernel<T, A, 1><<<grid_for(plan.numel), kThreads, 0, stream>>>(a, b, out, plan.numel);
   } else {
-    return launch_items<my_add_item<T, A>>(plan.numel, stream, plan, a, b, out);  // broadcasting, strided
+    my_add_contiguous_kernel<T, A, 1><<<grid_for(plan.numel), kThreads, 0, stream>>>(a, b, out, plan.numel);
   }
   return cudaGetLastError();
 }
