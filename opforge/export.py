@@ -16,7 +16,7 @@ from .spec import DOMAIN, DOMAIN_VERSION, TORCHSCRIPT_OPSETS
 from .aten import fallback as _aten
 from .aten import fallback_dynamo as _aten_dynamo
 from .aten.diagnosis import explain_failure as _explain_failure
-from .exporter_cache import reused_exporter_setup
+from .exporter_cache import recorded_decomposition, reused_exporter_setup
 from .symbolics import dynamo as _dynamo
 from .symbolics import lowering
 from .symbolics import onnx_schema as _onnx_schema
@@ -87,15 +87,17 @@ def export(
             )
         if dynamic_shapes is not None:
             raise ValueError("opforge.export: dynamic_shapes is for dynamo=True; use dynamic_axes with dynamo=False")
+    decomposed: dict = {}
     try:
-        with _in_eval_mode(model, dynamo):
+        with _in_eval_mode(model, dynamo), recorded_decomposition() as decomposed:
             proto = _run_exporter(model, args, dynamo=dynamo, opset=opset, standard=standard, input_names=input_names,
                                   output_names=output_names, dynamic_shapes=dynamic_shapes,
                                   dynamic_axes=dynamic_axes, kwargs=kwargs, aten_fallback=aten_fallback,
                                   export_options=export_options)
     except Exception as exc:
         explained = None if aten_fallback else _explain_failure(
-            exc, model, args, dynamo=dynamo, opset=opset, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+            exc, model, args, dynamo=dynamo, opset=opset, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+            decomposed=decomposed)
         if explained is None:
             raise
         raise explained from exc

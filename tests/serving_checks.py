@@ -232,13 +232,22 @@ def triton_serve_check(model_dir: Path, case: Case, requests: int, concurrency: 
         metadata = client.get_server_metadata()
         result["server"] = {"name": metadata["name"], "version": metadata["version"]}
         result["served_config"] = client.get_model_config(config.name)
+        sent = 0  # images answered, warm-up included: what Triton's inference_count must reach
         if warmup:  # first runs of each session (allocations, thread pools): not what is measured
-            run_load(send, case, warmup, concurrency)
+            sent += sum(r["images"] for r in run_load(send, case, warmup, concurrency)["records"] if r["ok"])
         load = run_load(send, case, requests, concurrency)
+        sent += sum(r["images"] for r in load["records"] if r["ok"])
         # Triton's own count: inference_count (requests' batch items) over execution_count (model
-        # runs) > 1 means its dynamic batcher merged requests
-        stats = client.get_inference_statistics(config.name, headers={"triton-access-token": token})
-        stats = stats["model_stats"][0]
+        # runs) > 1 means its dynamic batcher merged requests. The server counts a batch after its
+        # responses are sent (a CI run read 118 of 120 at once): read until the count is complete
+        # or 10 s have passed.
+        deadline = time.monotonic() + 10
+        while True:
+            stats = client.get_inference_statistics(config.name, headers={"triton-access-token": token})
+            stats = stats["model_stats"][0]
+            if int(stats["inference_count"]) >= sent or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         result["inference_count"] = stats["inference_count"]
         result["execution_count"] = stats["execution_count"]
     result["load"] = _summary(load)

@@ -9,6 +9,8 @@ import torch
 import opforge
 from opforge.aten.diagnosis import classify
 
+from helpers import Lambda
+
 
 @torch.library.custom_op("opforge_test::scale", mutates_args=())
 def _scale(x: torch.Tensor) -> torch.Tensor:
@@ -111,3 +113,40 @@ def test_diagnose_knows_which_ops_carry_complex_values():
     assert "complex tensor" in str(found) and "view_as_real" in str(found)
     with pytest.raises(torch.onnx.errors.SymbolicValueError, match="aten::exp takes the complex result"):
         torch.onnx.export(Exp(), (x,), io.BytesIO(), dynamo=False, opset_version=11)
+
+
+def _counting(monkeypatch, owner, name) -> list:
+    calls, original = [], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_a_failed_dynamo_export_is_explained_from_the_program_the_exporter_failed_on(monkeypatch):
+    # the diagnosis reads the exporter's decomposed program (exporter_cache.recorded_decomposition):
+    # the model is captured once, by the exporter, and the ops listed are those opforge.diagnose finds
+    expected = [x.op for x in opforge.diagnose(Unsupported(), (torch.randn(3, 4),), dynamo=True).unsupported]
+    captures = _counting(monkeypatch, torch.export, "export")
+    with pytest.raises(opforge.ExportError) as info:
+        opforge.export(Unsupported(), (torch.randn(3, 4),), dynamo=True)
+    assert len(captures) == 1
+    assert [x.op for x in info.value.diagnosis.unsupported] == expected == ["aten::cummax", "opforge_test::scale"]
+
+
+@pytest.mark.parametrize("fn,rounds,kept", [
+    (lambda x: torch.cummax(x, 1), 1, ["aten.cummax.default"]),  # found as itself: nothing to plan again
+    (lambda x: torch.frexp(x), 2, ["aten.frexp.Tensor"]),  # found as the source of prims.frexp: kept, then checked
+], ids=["cummax", "frexp"])
+def test_fallback_planning_decomposes_again_only_for_ops_found_as_sources(monkeypatch, fn, rounds, kept):
+    from opforge.aten import fallback_dynamo
+    from opforge.symbolics import dynamo
+
+    exported = torch.export.export(Lambda(fn), (torch.randn(3, 4),))
+    decompositions = _counting(monkeypatch, torch.export.ExportedProgram, "run_decompositions")
+    program, fallbacks = fallback_dynamo.decompose_keeping_fallbacks(exported, dynamo.translation_table())
+    assert len(decompositions) == rounds and [str(op) for op in fallbacks] == kept
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert set(kept) <= targets and not any(t.startswith("prims.") for t in targets)

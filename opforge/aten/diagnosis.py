@@ -212,8 +212,23 @@ def _dynamo_unsupported(model, args, kwargs, dynamic_shapes) -> list[str]:
     exported = model if isinstance(model, torch.export.ExportedProgram) else torch.export.export(
         model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
     _, ops, others = fallback_dynamo.decompose_keeping_fallbacks(exported, dynamo.translation_table(), strict=False)
+    return _op_names([*ops, *others])
+
+
+def _dynamo_untranslated(decomposed, registry) -> list[str]:
+    """The ops of the dynamo exporter's own decomposed program that its ``registry`` does not
+    translate: what a failed export's diagnosis lists, read from the program the exporter failed
+    on (exporter_cache.recorded_decomposition) instead of exporting and decomposing again
+    (measured: D-FINE's failed export, 26 s with the second export, 8 s without)."""
+    from . import fallback_dynamo
+
+    ops, others, _ = fallback_dynamo.untranslatable_ops(decomposed, registry.is_registered, strict=False)
+    return _op_names([*sorted(ops, key=str), *others.values()])
+
+
+def _op_names(ops) -> list[str]:
     names = []
-    for op in [*ops, *others]:
+    for op in ops:
         s = op._schema
         names.append(s.name + (f".{s.overload_name}" if s.overload_name else ""))
     return names
@@ -249,12 +264,18 @@ _OP_IN_MESSAGE = re.compile(r"(?:operator '|namespace |operator )([\w.]+::[\w.]+
 
 
 def explain_failure(exc: BaseException, model, args, *, dynamo: bool, opset: int, kwargs=None,
-                    dynamic_shapes=None) -> Optional[ExportError]:
+                    dynamic_shapes=None, decomposed=None) -> Optional[ExportError]:
     """An ExportError explaining ``exc`` (an exporter failure), or None if it is not about
-    unsupported ops."""
+    unsupported ops. ``decomposed``: what the dynamo exporter recorded before it failed
+    ({"program", "registry"}: exporter_cache.recorded_decomposition), read instead of exporting
+    the model again."""
     try:
-        diagnosis = diagnose(model, args, dynamo=dynamo, opset_version=opset, kwargs=kwargs,
-                             dynamic_shapes=dynamic_shapes)
+        if dynamo and decomposed and "program" in decomposed:
+            ops = _dynamo_untranslated(decomposed["program"], decomposed["registry"])
+            diagnosis = Diagnosis("dynamo", opset, [classify(op, opset) for op in ops])
+        else:
+            diagnosis = diagnose(model, args, dynamo=dynamo, opset_version=opset, kwargs=kwargs,
+                                 dynamic_shapes=dynamic_shapes)
     except Exception:  # the diagnosis must never hide the real error
         diagnosis = None
     if diagnosis is None or diagnosis.ok:
