@@ -263,9 +263,15 @@ def _patches() -> list:
 def _recording(prepare):
     @functools.wraps(prepare)
     def recorded(exported_program, *args, **kwargs):
-        decomposed = prepare(exported_program, *args, **kwargs)
         slot = getattr(_RECORDING, "slot", None)
-        if slot is not None and not slot:  # the first: a translation may export a piece of its own
+        first = slot is not None and not slot  # (a translation may export a piece of its own)
+        try:
+            decomposed = prepare(exported_program, *args, **kwargs)
+        except BaseException:
+            if first:
+                slot["failed"] = True
+            raise
+        if first:
             slot.update(program=decomposed, registry=kwargs.get("registry", args[0] if args else None))
         return decomposed
     return recorded
@@ -275,7 +281,8 @@ def _recording(prepare):
 def recorded_decomposition():
     """Yields a dict that receives ``program`` (the decomposed ExportedProgram) and ``registry``
     (the ONNXRegistry it is translated with) when the dynamo exporter first decomposes a program
-    in this thread inside :func:`reused_exporter_setup`; empty if it failed before that."""
+    in this thread inside :func:`reused_exporter_setup`, ``failed`` (True) when that decomposition
+    raised; empty if the exporter failed before it."""
     outer = getattr(_RECORDING, "slot", None)
     _RECORDING.slot = slot = {}
     try:

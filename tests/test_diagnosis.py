@@ -150,3 +150,16 @@ def test_fallback_planning_decomposes_again_only_for_ops_found_as_sources(monkey
     assert len(decompositions) == rounds and [str(op) for op in fallbacks] == kept
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert set(kept) <= targets and not any(t.startswith("prims.") for t in targets)
+
+
+def test_a_dynamo_export_whose_decomposition_fails_is_not_decomposed_again(monkeypatch):
+    # (the diagnosis would decompose the same program with the same table: it raises the exporter's error at once)
+    from torch.onnx._internal.exporter import _fx_passes
+
+    def failing(program, registry):
+        raise RuntimeError("Failed to decompose: a stand-in for torch's failure")
+    monkeypatch.setattr(_fx_passes, "decompose_with_registry", failing)
+    captures = _counting(monkeypatch, torch.export, "export")
+    with pytest.raises(Exception, match="Failed to decompose") as info:
+        opforge.export(Unsupported(), (torch.randn(3, 4),), dynamo=True)
+    assert len(captures) == 1 and not isinstance(info.value, opforge.ExportError)

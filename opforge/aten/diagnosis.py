@@ -267,12 +267,14 @@ def explain_failure(exc: BaseException, model, args, *, dynamo: bool, opset: int
                     dynamic_shapes=None, decomposed=None) -> Optional[ExportError]:
     """An ExportError explaining ``exc`` (an exporter failure), or None if it is not about
     unsupported ops. ``decomposed``: what the dynamo exporter recorded before it failed
-    ({"program", "registry"}: exporter_cache.recorded_decomposition), read instead of exporting
-    the model again."""
+    ({"program", "registry"} or {"failed"}: exporter_cache.recorded_decomposition), read instead
+    of exporting the model again."""
     try:
         if dynamo and decomposed and "program" in decomposed:
             ops = _dynamo_untranslated(decomposed["program"], decomposed["registry"])
             diagnosis = Diagnosis("dynamo", opset, [classify(op, opset) for op in ops])
+        elif dynamo and decomposed and decomposed.get("failed"):
+            diagnosis = None  # the exporter's decomposition failed: the diagnosis's own, the same, would too
         else:
             diagnosis = diagnose(model, args, dynamo=dynamo, opset_version=opset, kwargs=kwargs,
                                  dynamic_shapes=dynamic_shapes)
