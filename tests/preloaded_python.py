@@ -29,8 +29,9 @@ one added since it started (an editable install) each run reads before it starts
 interpreter reads it (after those read at start-up, where the interpreter goes by name). A run goes
 to a plain ``subprocess.run`` where the difference could matter: interpreter options before the
 script (``-I``, ``-X``, ...), an environment of its own (``env=`` other than os.environ: torch's
-import would not have seen it; but for opforge's OPFORGE_* switches, which only opforge reads, and
-a PYTHONPATH, which the child puts into sys.path as the interpreter would), or ``fresh=True``.
+import would not have seen it; but for opforge's OPFORGE_* switches and Hugging Face's HF_* ones,
+which only modules the server does not import read, and a PYTHONPATH, which the child puts into
+sys.path as the interpreter would), or ``fresh=True``.
 """
 
 from __future__ import annotations
@@ -342,10 +343,11 @@ def _forkable(args, env, fresh: bool) -> bool:
 
 def _only_read_after_the_preload(env: dict, server_env: dict) -> bool:
     """Whether ``env`` differs from the environment servers start with (os.environ) only in what
-    no preloaded module reads: opforge's OPFORGE_* switches (opforge is not preloaded), and a
-    PYTHONPATH where the server had none (the child puts it into sys.path)."""
+    no preloaded module reads: opforge's OPFORGE_* switches (opforge is not preloaded), Hugging
+    Face's HF_* ones (huggingface_hub is not either), and a PYTHONPATH where the server had none
+    (the child puts it into sys.path)."""
     changed = {k for k in env.keys() | server_env.keys() if env.get(k) != server_env.get(k)}
-    return all(k.startswith("OPFORGE_") or (k == "PYTHONPATH" and k not in server_env) for k in changed)
+    return all(k.startswith(("OPFORGE_", "HF_")) or (k == "PYTHONPATH" and k not in server_env) for k in changed)
 
 
 def run_python(args, *, python=None, cwd=None, env=None, timeout=None, text=True,

@@ -300,9 +300,8 @@ def test_transformers_5_23_with_kernels_0_17_has_its_kernel_mechanism_off():
 def test_benchmark_quick_run_reports_both_sides(tmp_path):
     python = transformers_venv(MAIN)
     out = tmp_path / "bench.json"
-    proc = subprocess.run([str(python), str(REPO / "benchmarks" / "bench_transformers.py"), "--quick", "--json",
-                           str(out)], capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = run_python([REPO / "benchmarks" / "bench_transformers.py", "--quick", "--json", out], python=python,
+                      timeout=900, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         _fail("bench_transformers.py --quick", proc)
     r = json.loads(out.read_text())
