@@ -248,9 +248,9 @@ for line in control_in:
 '''
 
 _LOCK = threading.Lock()
-_MAX_SERVERS = 3  # each holds torch and the export stack (~0.6 GB): the main interpreter's, a test module's
-# scratch venv's and a fresh one's (a wheel installed into it); with two, a worker alternating
-# between them started a server (~8 s of CPU) at each switch
+_MAX_SERVERS = 5  # each holds torch and the export stack (~0.6 GB): the main interpreter's, a test module's
+# scratch venv's, a fresh one's (a wheel installed into it) and the two transformers venvs'; with
+# two, a worker alternating between them started a server (~8 s of CPU) at each switch
 _servers: dict = {}  # interpreter -> {"proc": the server, "state": what it started with}
 
 
