@@ -398,6 +398,8 @@ def test_torch_own_index_add_rule_is_wrong_with_a_repeated_index():
 
 def _clear_bridge_caches():
     translation._translate_cached.cache_clear()
+    translation._traced.cache_clear()
+    translation._core_decomposed.cache_clear()
     bridge.lowered.cache_clear()
 
 
@@ -493,3 +495,27 @@ def test_a_translation_torchlib_has_no_function_for_is_refused_at_the_first_size
     else:
         assert len(tried) > 2 and tried[0] == binding.DYNAMIC_DIM_HINT and len(set(tried)) == len(tried)
         assert str(refused.value).endswith(f"(RuntimeError: the size {tried[-1]} does not fit)")
+
+
+@pytest.mark.parametrize("name", ["expm1", "logaddexp", "heaviside", "__lshift__", "einsum", "tril"])
+def test_a_program_in_the_registrys_terms_skips_the_retrace_and_exports_the_same_bytes(name, monkeypatch):
+    # translation._program_to_ir: the exporter's decomposition only retraces such a program; the
+    # models are the same bytes with it skipped (and with it run: _in_registry_terms answering False)
+    monkeypatch.delenv("OPFORGE_ATEN_CACHE_DIR", raising=False)
+    sample = SAMPLES[name]
+    dtype = torch.float32 if sample.float_only else torch.int64
+    retraces, real = [], torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
+                        lambda *a, **k: retraces.append(1) or real(*a, **k))
+    models, counts = {}, {}
+    for retrace in (False, True):
+        if retrace:
+            monkeypatch.setattr(translation, "_in_registry_terms", lambda p, r: False)
+        _clear_bridge_caches()
+        retraces.clear()
+        models[retrace] = {opset: _export(sample, sample.inputs(dtype), opset)[0] for opset in (11, 17)}
+        counts[retrace] = len(retraces)
+    _clear_bridge_caches()
+    assert models[False] == models[True]
+    if name in ("expm1", "logaddexp"):  # ops torchlib translates as they are: fewer retraces
+        assert counts[False] < counts[True], counts

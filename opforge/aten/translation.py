@@ -264,7 +264,6 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
     from onnxscript import ir
     from onnxscript import optimizer
     from onnxscript.ir.passes import common as passes
-    from torch.onnx._internal.exporter import _core
 
     if fn is None:  # the op itself: one torch.export (and one core-ATen decomposition) for every form
         program, specialised = _traced(call, hint, must_stay_dynamic)
@@ -276,7 +275,7 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
                 program = _decompose_deeper(call, program)
     else:
         program, specialised = _trace(call, fn, hint, dynamic, must_stay_dynamic)
-    model = _core.exported_program_to_ir(program, registry=torchlib_registry())
+    model = _program_to_ir(program)
     passes.InlinePass()(model)
     passes.RemoveUnusedFunctionsPass()(model)
     # Folding constants (as the dynamo exporter's optimize() does) turns computed axes and
@@ -284,6 +283,47 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
     optimizer.fold_constants(model)
     optimizer.remove_unused_nodes(model)
     return ir.serde.serialize_model(model), specialised
+
+
+def _program_to_ir(program):
+    """The exporter's ONNX IR of ``program`` (``exported_program_to_ir``). A program already in the
+    registry's terms (every op one torchlib translates and none CompositeImplicitAutograd, nothing
+    mutated) the exporter's decomposition would only retrace into the same graph: about 0.1 s, most
+    of a translation of the op itself. Its other steps (type promotion, assertions dropped) then run
+    on a copy, as the exporter runs them."""
+    import copy
+
+    from torch.onnx._internal.exporter import _core, _fx_passes
+
+    registry = torchlib_registry()
+    if not _in_registry_terms(program, registry):
+        return _core.exported_program_to_ir(program, registry=registry)
+    program = copy.deepcopy(program)  # (the passes change the graph in place; _traced's program is kept)
+    module = program.graph_module
+    _fx_passes.insert_type_promotion_nodes(module)
+    program._graph_module = _fx_passes.remove_assertion_nodes(module)
+    return _core._exported_program_to_onnx_program(program, registry=registry).model
+
+
+_ASSERTIONS = ("_assert", "sym_constrain")  # what the exporter drops (_fx_passes.remove_assertion_nodes)
+
+
+def _in_registry_terms(program, registry) -> bool:
+    signature = program.graph_signature
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+        return False
+    for node in program.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            return False  # (getitem of a multi-output op, symbolic sizes ...: the exporter's own way)
+        if target._opname.startswith(_ASSERTIONS):
+            continue
+        if not registry.is_registered(target) or torch._C._dispatch_has_kernel_for_dispatch_key(
+                target.name(), "CompositeImplicitAutograd"):
+            return False  # (the retrace decomposes a CompositeImplicitAutograd op, registered or not: mH, unflatten)
+    return True
 
 
 def _dynamic_dims(call: Call) -> tuple:
