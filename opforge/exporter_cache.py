@@ -61,6 +61,8 @@ _CIA_OPS: dict = {}
 _ORIGINALS: dict = {}  # torch's own ONNXRegistry.from_torchlib, kept when first patched
 _TORCHLIB_OPS: dict = {}  # "key": torchlib's functions as counted, "ops": onnxscript's listing of them
 _RECORDING = threading.local()  # .slot: the dict of the thread's innermost recorded_decomposition
+#: Prefixes of the check ops the exporter drops before translating (_fx_passes.remove_assertion_nodes).
+DROPPED_CHECKS = ("_assert", "sym_constrain")
 
 
 def _registered_op_count() -> int:

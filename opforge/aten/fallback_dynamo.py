@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..exporter_cache import torchlib_registry
+from ..exporter_cache import DROPPED_CHECKS, torchlib_registry
 from .fallback import _constant_tensor, register_schema
 from .nodes import ATEN_DOMAIN
 
@@ -75,7 +75,7 @@ def untranslatable_ops(decomposed: torch.export.ExportedProgram, translated: Cal
         t = node.target
         if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or translated(t):
             continue
-        if t._opname.startswith(("_assert", "sym_constrain")):  # the exporter drops these checks
+        if t._opname.startswith(DROPPED_CHECKS):
             continue
         if t.namespace == "aten":
             aten_ops.add(_canonical(t))
@@ -101,9 +101,9 @@ def decompose_keeping_fallbacks(exported: torch.export.ExportedProgram, custom: 
 
     A round that finds new ops only as themselves ends the planning: they came through the
     decomposition whole, so keeping them changes no decomposition and another round (a whole
-    retrace) would find the same graph: D-FINE's export with the fallback, 20-21 s with it, 14-15
-    s without. Only an op found as the
-    source of others (``prims.frexp`` from ``aten.frexp``) needs the next round, which keeps it."""
+    retrace) would find the same graph (D-FINE's export with the fallback: 20-21 s with that round,
+    14-15 s without). Only an op found as the source of others (``prims.frexp`` from
+    ``aten.frexp``) needs the next round, which keeps it."""
     from torch.onnx._internal.exporter import _decomp
 
     registry = torchlib_registry()

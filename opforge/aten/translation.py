@@ -14,6 +14,7 @@ torchlib's registry (about a second to build) is loaded on first use only, and k
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import functools
 import gc
@@ -28,7 +29,7 @@ from typing import Callable, Optional
 import onnx
 import torch
 
-from ..exporter_cache import reused_exporter_setup, torchlib_registry
+from ..exporter_cache import DROPPED_CHECKS, reused_exporter_setup, torchlib_registry
 from . import lowerings
 from .binding import DYNAMIC_DIM_HINT, Call, TensorInfo
 from .compositions import CURATED
@@ -291,8 +292,6 @@ def _program_to_ir(program):
     mutated) the exporter's decomposition would only retrace into the same graph: about 0.1 s, most
     of a translation of the op itself. Its other steps (type promotion, assertions dropped) then run
     on a copy, as the exporter runs them."""
-    import copy
-
     from torch.onnx._internal.exporter import _core, _fx_passes
 
     registry = torchlib_registry()
@@ -305,9 +304,6 @@ def _program_to_ir(program):
     return _core._exported_program_to_onnx_program(program, registry=registry).model
 
 
-_ASSERTIONS = ("_assert", "sym_constrain")  # what the exporter drops (_fx_passes.remove_assertion_nodes)
-
-
 def _in_registry_terms(program, registry) -> bool:
     signature = program.graph_signature
     if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
@@ -318,7 +314,7 @@ def _in_registry_terms(program, registry) -> bool:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             return False  # (getitem of a multi-output op, symbolic sizes ...: the exporter's own way)
-        if target._opname.startswith(_ASSERTIONS):
+        if target._opname.startswith(DROPPED_CHECKS):
             continue
         if not registry.is_registered(target) or torch._C._dispatch_has_kernel_for_dispatch_key(
                 target.name(), "CompositeImplicitAutograd"):
