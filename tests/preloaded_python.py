@@ -278,17 +278,37 @@ def _server(python: str) -> tuple[subprocess.Popen, list]:
     state = _site_state(python)
     entry = _servers.pop(python, None)  # (re-inserted below: the dict's order is the use order)
     added = None if entry is None else _added_pth(entry["state"], state)
+    why = "first" if entry is None else None
     if entry is not None and (entry["proc"].poll() is not None or added is None):
+        why = "exited" if entry["proc"].poll() is not None else _what_changed(entry["state"], state)
         _stop(entry["proc"])
         entry = None
     if entry is None:
         while len(_servers) >= _MAX_SERVERS:
-            _stop(_servers.pop(next(iter(_servers)))["proc"])
+            evicted = next(iter(_servers))
+            _log_start(evicted, "evicted")
+            _stop(_servers.pop(evicted)["proc"])
+        _log_start(python, why)
         proc = subprocess.Popen([python, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
                                 env=dict(os.environ))
         entry, added = {"proc": proc, "state": state}, []
     _servers[python] = entry
     return entry["proc"], added
+
+
+def _what_changed(started: tuple, now: tuple) -> str:
+    (env_started, pth_started), (env_now, pth_now) = map(lambda st: (dict(st[0]), set(st[1])), (started, now))
+    keys = sorted(k for k in set(env_started) | set(env_now) if env_started.get(k) != env_now.get(k))
+    return f"environment: {', '.join(keys)}" if keys else f"pth: {sorted(p for p, _ in pth_started - pth_now)}"
+
+
+def _log_start(python: str, why: str) -> None:
+    """OPFORGE_TEST_SERVER_LOG=<file>: a line per server start or stop and why (for the suite's time:
+    a start costs ~8 s of CPU)."""
+    log = os.environ.get("OPFORGE_TEST_SERVER_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {os.environ.get('PYTEST_CURRENT_TEST', '-').split(' ')[0]} {python}: {why}\n")
 
 
 def _added_pth(started: tuple, now: tuple) -> list | None:
