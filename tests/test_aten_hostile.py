@@ -1,22 +1,31 @@
 """The held-out set of issue #43: about forty hand-written hostile one-node ATen models, each of a
 kind a model file could use against libopforge_aten (read process memory, return uninitialised
 memory, crash the process, demand gigabytes or hours from a few bytes, reach what the policy
-should not). Each runs in its own process (a crash fails only its test) through both ways users
-run such a model: (a) ``opforge.ort_session(model)`` and (b) plain onnxruntime with the library
-registered. Each must end in a clean error naming the op -- no signal, no timeout (60 s), peak
-RSS under 1.5 GB -- except where a defined result is the right answer (INT64_MIN % -1 is 0, say):
-then the result must be that value, the same in two runs under different malloc perturbation.
+should not). Each runs through both ways users run such a model: (a) ``opforge.ort_session(model)``
+and (b) plain onnxruntime with the library registered. Each must end in a clean error naming the
+op -- no signal, no timeout (60 s), peak RSS under 1.5 GB -- except where a defined result is the
+right answer (INT64_MIN % -1 is 0, say): then the result must be that value, the same in two runs
+under different malloc perturbation.
+
+The models run one after another in a child process (forked from one that has imported torch:
+tests/preloaded_python.py), each under its own memory cap and alarm. A crash or a hang ends the
+child and fails that model's test; the models after it go on in a new child, and so do those after
+a model that lifted the peak RSS past the limit (so each model's peak is its own). One child for
+the set, not one per model: the models themselves take ~2 s, and each child ~0.6 s to start
+(opforge and onnxruntime imported).
 
 OPFORGE_ATEN_LIBRARY=/path/libopforge_aten.so tests another build of the library (both paths).
 
-The child side: ``python tests/test_aten_hostile.py <model id> [--library PATH]`` prints one JSON
-line per path and the peak RSS.
+The child side: ``python tests/test_aten_hostile.py [--library PATH] <model id> ...`` prints, per
+model, ``{"start": id}``, one JSON line per path and ``{"model": id, "peak_rss": ...}``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -273,17 +282,34 @@ MEMORY = ("can't allocate memory", "bad_alloc", "Cannot allocate memory", "Memor
 
 # ---- the child: both paths, one model ------------------------------------------------------
 
-def child(model_id: str, library=None) -> int:
+#: the child's exit status after a model that lifted its peak RSS past the limit
+PAST_THE_RSS_LIMIT = 3
+
+
+def child(model_ids: list, library=None) -> int:
+    from aten_fuzzing.process import peak_rss
+
+    for model_id in model_ids:
+        _run_model(model_id, library)
+        peak = peak_rss()
+        print(json.dumps({"model": model_id, "peak_rss": peak}), flush=True)
+        if not ASAN and peak >= PEAK_RSS_LIMIT:
+            return PAST_THE_RSS_LIMIT  # the next model starts in a fresh process, with its own peak
+    return 0
+
+
+def _run_model(model_id: str, library) -> None:
     import warnings
 
     sys.path.insert(0, str(HERE))
     from aten_fuzzing.process import cap_memory, peak_rss
     from aten_fuzzing.sessions import Runtime, outputs_equal
 
-    limit = cap_memory()
+    limit = cap_memory()  # (this process's size now + 1.5 GiB)
     rt = Runtime(library)
     _, build, _, _ = MODELS[model_id]
     print(json.dumps({"start": model_id, "cap": limit, "rss": peak_rss()}), flush=True)
+    signal.alarm(TIMEOUT)  # a hang: SIGALRM ends the process
     for path in "ab":
         model, feeds = build()
         print(json.dumps({"path": path, "started": True}), flush=True)
@@ -309,21 +335,46 @@ def child(model_id: str, library=None) -> int:
             out.update(outcome="error", type=type(e).__name__, message=str(e)[:2000],
                        refused_by_python=type(e).__name__ == "AtenOpRefused")
         print(json.dumps(out), flush=True)
-    print(json.dumps({"peak_rss": peak_rss()}), flush=True)
-    return 0
+    signal.alarm(0)
 
 
 # ---- the tests -----------------------------------------------------------------------------
 
-def _run_child(model_id):
+@functools.lru_cache(maxsize=1)
+def _children() -> dict:
+    """model id -> (exit status of the child while it ran the model: 0 once it finished, -N for a
+    signal, None for a hang; its output lines; the child's stderr), for every model: children run
+    the models in order, a new one after each that ended early."""
     from preloaded_python import run_python
 
-    args = [str(Path(__file__)), model_id] + (["--library", LIBRARY] if LIBRARY else [])
-    try:
-        proc = run_python(args, timeout=TIMEOUT, cwd=ROOT, text=False)
-    except subprocess.TimeoutExpired as e:
-        return None, (e.stdout or b"").decode(), (e.stderr or b"").decode()
-    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+    results, pending = {}, list(MODELS)
+    while pending:
+        args = [str(Path(__file__)), *(["--library", LIBRARY] if LIBRARY else []), *pending]
+        try:
+            proc = run_python(args, timeout=TIMEOUT * len(pending) + 60, cwd=ROOT, text=False)
+            rc, out, err = proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+        except subprocess.TimeoutExpired as e:  # (the models' alarms should have ended it first)
+            rc, out, err = None, (e.stdout or b"").decode(), (e.stderr or b"").decode()
+        current = None
+        for line in out.splitlines():
+            if line.startswith("{"):
+                data = json.loads(line)
+                current = data.get("start", current)
+                results.setdefault(current, (0, [], err))[1].append(line)
+                if "peak_rss" in data:
+                    pending.remove(current)
+                    current = None
+        if current is not None:  # the model the child was running when it ended
+            results[current] = (None if rc == -signal.SIGALRM else rc, results[current][1], err)
+            pending.remove(current)
+        elif rc != PAST_THE_RSS_LIMIT and pending:  # ended between two models: say so for the rest
+            results.update({m: (rc, [], err) for m in pending})
+            break
+    return {m: (rc, "\n".join(lines), err) for m, (rc, lines, err) in results.items()}
+
+
+def _run_child(model_id):
+    return _children()[model_id]
 
 
 def _same(got, want) -> bool:
@@ -333,6 +384,7 @@ def _same(got, want) -> bool:
                for g, w in zip(got[-len(want):], want))
 
 
+@pytest.mark.xdist_group("aten-hostile")  # one worker runs the children
 @pytest.mark.parametrize("model_id", list(MODELS), ids=[f"{v[0]}-{k}" for k, v in MODELS.items()])
 def test_hostile_model_ends_in_a_clean_error(model_id):
     finding, _, op, right = MODELS[model_id]
@@ -379,4 +431,4 @@ if __name__ == "__main__":
         k = argv.index("--library")
         lib = argv[k + 1]
         del argv[k:k + 2]
-    sys.exit(child(argv[0], lib))
+    sys.exit(child(argv, lib))
