@@ -20,7 +20,8 @@
 // internals...) are not on the allow-list at all (opforge/aten/policy.py).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 

@@ -42,10 +42,10 @@
 #include "aten_guards.h"
 #include "aten_policy.h"
 
-#include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/core/InferenceMode.h>
 #ifdef OPFORGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -469,7 +469,8 @@ struct AtenKernel {
       if (results[i].isTensor()) {
         t = results[i].toTensor();
       } else if (results[i].isScalar() || results[i].isInt() || results[i].isDouble() || results[i].isBool()) {
-        t = at::scalar_to_tensor(results[i].toScalar());
+        const c10::Scalar value = results[i].toScalar();
+        t = at::scalar_tensor(value, at::TensorOptions().dtype(value.type()));  // a 0-d tensor of its type
       } else {
         return error("ATen op " + name + ": return " + std::to_string(i) + " is a " + results[i].tagKind() +
                      ", not a tensor or number", ORT_NOT_IMPLEMENTED);
