@@ -287,10 +287,13 @@ PAST_THE_RSS_LIMIT = 3
 
 
 def child(model_ids: list, library=None) -> int:
+    sys.path.insert(0, str(HERE))
     from aten_fuzzing.process import peak_rss
+    from aten_fuzzing.sessions import Runtime
 
+    rt = Runtime(library)
     for model_id in model_ids:
-        _run_model(model_id, library)
+        _run_model(model_id, rt)
         peak = peak_rss()
         print(json.dumps({"model": model_id, "peak_rss": peak}), flush=True)
         if not ASAN and peak >= PEAK_RSS_LIMIT:
@@ -298,15 +301,13 @@ def child(model_ids: list, library=None) -> int:
     return 0
 
 
-def _run_model(model_id: str, library) -> None:
+def _run_model(model_id: str, rt) -> None:
     import warnings
 
-    sys.path.insert(0, str(HERE))
     from aten_fuzzing.process import cap_memory, peak_rss
-    from aten_fuzzing.sessions import Runtime, outputs_equal
+    from aten_fuzzing.sessions import outputs_equal
 
     limit = cap_memory()  # (this process's size now + 1.5 GiB)
-    rt = Runtime(library)
     _, build, _, _ = MODELS[model_id]
     print(json.dumps({"start": model_id, "cap": limit, "rss": peak_rss()}), flush=True)
     signal.alarm(TIMEOUT)  # a hang: SIGALRM ends the process

@@ -20,7 +20,6 @@ import functools
 import gc
 import hashlib
 import logging
-import operator
 import os
 import tempfile
 import threading
@@ -315,9 +314,9 @@ def _in_registry_terms(program, registry) -> bool:
         if node.op in ("placeholder", "output"):
             continue
         target = node.target
-        if node.op == "call_function" and (target is operator.getitem or target is torch.ops.aten.sym_size.int
+        if node.op == "call_function" and (target is torch.ops.aten.sym_size.int
                                            or getattr(target, "__module__", None) in ("_operator", "operator")):
-            continue  # (an output of a multi-output op, a dynamic dim's size and its arithmetic: kept as they are)
+            continue  # (getitem of a multi-output op, a dynamic dim's size and its arithmetic: kept as they are)
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             return False  # (a submodule, a higher-order op ...: the exporter's own way)
         if target._opname.startswith(DROPPED_CHECKS):
