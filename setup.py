@@ -1,8 +1,10 @@
 """Builds opforge's four native libraries, with the same helpers (opforge/build.py) a
 package uses for its own ops:
 
-* ``opforge._C``: the torch extension (TORCH_LIBRARY "opforge" ops, CPU kernels;
-  CUDA kernels when ``OPFORGE_CUDA`` allows and a CUDA toolchain + CUDA torch exist).
+* ``opforge/libopforge_torch.so``: the torch ops (``torch.ops.opforge.*``, CPU kernels) on
+  LibTorch's stable ABI: one build for every torch >= 2.10, loadable without Python; its CUDA
+  kernels in ``libopforge_torch_cuda.so`` when ``OPFORGE_CUDA`` allows and a CUDA toolchain +
+  CUDA torch exist.
 * ``opforge/ort_kernels/libopforge_ort.so``: the ONNX Runtime custom-op library
   (ORT C/C++ headers only; links neither libonnxruntime nor libtorch).
 * ``opforge/ort_kernels/libopforge_mmdeploy.so``: mmdeploy's node forms on opforge's cores,
@@ -71,10 +73,12 @@ def bundle_ort_headers():
             shutil.copy2(header, target)
 
 
-def torch_extension():
+def torch_library():
+    """libopforge_torch.so: the torch ops on LibTorch's stable ABI (loads in every torch >= 2.10, and
+    without Python); its CUDA kernels in libopforge_torch_cuda.so beside it, in CUDA builds."""
     csrc = rel("opforge", "ops", "csrc")
-    return B.TorchExtension(
-        "opforge._C",
+    return B.TorchLibrary(
+        "opforge.libopforge_torch",
         [os.path.join(csrc, "*.cpp")],
         cuda_sources=[os.path.join(csrc, "cuda", "*.cpp"), os.path.join(csrc, "cuda", "*.cu")],
         include_dirs=[os.path.join(ROOT, csrc)],
@@ -155,7 +159,7 @@ class DevelopNoIsolation(develop):
 bundle_ort_headers()
 setup(
     ext_modules=[
-        torch_extension(),
+        torch_library(),
         ort_library("libopforge_ort", "*.cc", ["cuda/*.cc", "cuda/*.cu"]),
         # its CUDA EP kernels, and the shared cores' CUDA kernels (the same nvcc unit as libopforge_ort's)
         ort_library("libopforge_mmdeploy", "mmdeploy/*.cc", ["mmdeploy/cuda/*.cc", "cuda/kernels.cu"]),

@@ -34,6 +34,7 @@ from .prototype import PrototypeKernelWarning, register_prototype
 from .registration import OpInputError, OpRegistrationError, check_library, check_same_device, register_op
 from .shape_rule import ShapeRule
 from .spec import AttrArg, OpSpec, TensorArg
+from .torch_library import TorchLibrary, load_torch_library
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .transformers_patch import (TransformersPatch, patch_transformers, transformers_kernel_mapping,
                                  transformers_kernel_repository, unpatch_transformers)
@@ -45,6 +46,15 @@ __version__ = "0.2.0"
 #: library's CUDAExecutionProvider kernels (built with OPFORGE_CUDA=auto|1).
 BUILT_WITH_CUDA = bool(getattr(ops._registry._C, "WITH_CUDA", 0))
 
+
+def torch_library_path() -> str:
+    """The path of libopforge_torch.so, the library that registers every opforge op in torch
+    (``torch.ops.opforge.*``) with no Python in the process: a C++ program (an AOTInductor runner)
+    ``dlopen``s it before it loads a ``.pt2`` that calls opforge's ops. Built once on LibTorch's
+    stable ABI, it loads in every torch from 2.10 on; its CUDA kernels load from
+    libopforge_torch_cuda.so beside it where a CUDA runtime is present."""
+    return ops._registry.LIBRARY_PATH
+
 aten.register_all()
 
 
@@ -55,9 +65,12 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "load_torch_library",
+    "torch_library_path",
     "AtenOpRefused",
     "AttrArg",
     "BUILT_WITH_CUDA",
+    "TorchLibrary",
     "ConflictingOrtLibraries",
     "DeformConv2d",
     "Diagnosis",

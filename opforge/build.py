@@ -374,6 +374,70 @@ def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[
     return cpp_extension.CppExtension(name, srcs, extra_compile_args={"cxx": cxx}, **common)
 
 
+#: The oldest torch a stable-ABI library targets (``TORCH_TARGET_VERSION``): built once, it loads
+#: in every torch from this version on (LibTorch's stable ABI: only C shims cross the boundary).
+TORCH_TARGET = (2, 10)
+
+
+def torch_target_version_flag(target: tuple = TORCH_TARGET) -> str:
+    """``-DTORCH_TARGET_VERSION=...`` for torch ``target`` (major, minor): the stable headers then
+    offer only what that torch has, and the library calls nothing newer."""
+    major, minor = target
+    return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000ULL"
+
+
+def stable_cxx_flags() -> list[str]:
+    """Host-compiler flags of a stable-ABI torch library (C++20: the kernels' dtype dispatch takes
+    templated lambdas)."""
+    return opt_flags() + path_map_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas",
+                                             torch_target_version_flag()]
+
+
+def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
+                 include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
+                 extra_nvcc_flags: Sequence[str] = ()):
+    """A torch op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``) on LibTorch's **stable
+    ABI** (opforge/torch_op.h): built once, it loads in every torch from :data:`TORCH_TARGET` on,
+    and in a process without Python (an AOTInductor runner). It links libtorch_cpu only for the
+    stable C shims (``aoti_torch_*``, ``torch_*``), through ``$ORIGIN``-relative run paths into the
+    torch wheel, and no libpython. Load it with :func:`opforge.load_torch_library`.
+
+    With ``cuda_sources`` in a CUDA build, the CUDA kernels go into a companion,
+    ``pkg/libfoo_cuda.so`` (``cuda_sources`` only, with ``OPFORGE_WITH_CUDA``; it links the CUDA
+    runtime of torch's nvidia wheels). The library loads it when it is loaded and goes on without
+    it where it cannot load (opforge/torch_library.h), so the CPU part never depends on one CUDA
+    major."""
+    from setuptools import Extension
+    from torch.utils import cpp_extension
+
+    torch_lib = cpp_extension.library_paths()[0]
+    cxx = stable_cxx_flags() + list(extra_cxx_flags)
+    incs = [str(CSRC_DIR), *include_dirs, *cpp_extension.include_paths()[:1]]
+    link = ["-Wl,--as-needed", *sanitizer_flags(), *rpath_flags([torch_lib], name)]
+    srcs = _paths(sources)
+    with_cuda = bool(cuda_sources) and cuda_enabled()
+    ext = Extension(name, sources=srcs, include_dirs=incs, define_macros=list(define_macros), language="c++",
+                    library_dirs=[torch_lib], libraries=["torch_cpu"], extra_compile_args=cxx,
+                    extra_link_args=link, py_limited_api=False)
+    ext.opforge_plain_library = True
+    ext.opforge_stale_companion = f"{name.rsplit('.', 1)[-1]}_cuda.so" if cuda_sources and not with_cuda else None
+    if with_cuda:
+        libs = [find_cuda_lib("libcudart"), find_cuda_lib("libcublas")]
+        part = f"{name}_cuda"
+        companion = Extension(
+            part, sources=_paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
+            define_macros=list(define_macros), language="c++", library_dirs=[torch_lib],
+            libraries=["torch_cpu", "torch_cuda"],  # torch_cuda: the CUDA shims (the current stream)
+            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"],
+                                "nvcc": nvcc_flags() + [torch_target_version_flag()] + list(extra_nvcc_flags)},
+            extra_link_args=[*link, *libs, *rpath_flags(sorted({os.path.dirname(p) for p in libs}), part)],
+            py_limited_api=False)
+        companion.opforge_plain_library = True
+        companion.opforge_cuda_part = True
+        ext.opforge_cuda_companion = companion
+    return ext
+
+
 def _write_build_id(name: str, sources: Sequence[str], include_dirs: Sequence[str], flags: Sequence[str]) -> str:
     """Writes ``opforge_ort_build_id.h`` (``OPFORGE_ORT_BUILD_ID``: a hash of the sources, the
     headers under ``include_dirs`` and the flags) for library ``name``; returns its directory,

@@ -7,17 +7,21 @@ The rule is a function of the compute core, templated on the dim type::
     std::string my_op_output_shapes(const MyOpShapes<Dim>& in, std::vector<std::vector<Dim>>& out);
 
 It checks the inputs' shapes and the attributes (returning an error message, or "") and gives each
-output's shape. The kernels run it with ``int64_t`` dims before they allocate. The torch extension
-also registers it as a tensor-free op whose tensor arguments are shapes, with ``c10::SymInt`` dims::
+output's shape. The kernels run it with ``int64_t`` dims before they allocate. The torch library
+(on LibTorch's stable ABI, which has no SymInt) also registers it by name with its arguments'
+signature (``opforge/torch_shape_rule.h``)::
 
-    _my_op_output_shapes(SymInt[] x, SymInt[]? weight, float alpha) -> SymInt[]
+    OPFORGE_SHAPE_RULE(my_ops, _my_op_output_shapes, "(SymInt[] x, SymInt[]? weight, float alpha)", rule)
 
-It returns the outputs' shapes flattened as ``[rank0, *dims0, rank1, *dims1, ...]``. c10::SymInt
-computes with torch's symbolic sizes, so under ``torch.export`` / the dynamo exporter the same C++
-code gives the fake impl symbolic output sizes (and adds its comparisons as guards). :class:`ShapeRule`
-calls that op from Python: :meth:`ShapeRule.__call__` in the fake impl, and
-:meth:`ShapeRule.onnx_output_shapes` as ``OpSpec.onnx_output_shapes``, where ONNX's named dims become
-symbols of a scratch ``ShapeEnv``, so an output dim that is an input's named dim keeps its name.
+and instantiates it on ``opforge::RuleDim``: a dim that is a number, or a handle to one of the
+caller's SymInts whose arithmetic, comparisons and printing call back into Python. :class:`ShapeRule`
+runs it through the library's C entry point (ctypes), answering those callbacks on torch's SymInts,
+so under ``torch.export`` / the dynamo exporter the same C++ code gives the fake impl symbolic
+output sizes and adds its comparisons as guards, exactly as a rule on ``c10::SymInt`` did. The
+outputs come back flattened as ``[rank0, *dims0, rank1, *dims1, ...]``. :meth:`ShapeRule.__call__`
+runs in the fake impl, and :meth:`ShapeRule.onnx_output_shapes` as ``OpSpec.onnx_output_shapes``,
+where ONNX's named dims become symbols of a scratch ``ShapeEnv``, so an output dim that is an
+input's named dim keeps its name.
 
 ``opforge new-op --schema`` generates all of this; docs/your-own-op.md ("One shape rule") shows it.
 """
@@ -25,7 +29,6 @@ symbols of a scratch ``ShapeEnv``, so an output dim that is an input's named dim
 from __future__ import annotations
 
 import functools
-import re
 from typing import Optional, Sequence
 
 import torch
@@ -46,7 +49,7 @@ def _unflatten(flat: Sequence) -> list:
 
 
 class ShapeRule:
-    """The shape rule of one op, registered by its torch extension as ``qualname``
+    """The shape rule of one op, registered by its torch library as ``qualname``
     (``"my_ops::_my_op_output_shapes"``): one ``SymInt[]`` (``SymInt[]?`` for an optional tensor)
     per tensor input, then the attributes, all in the op's schema order, named as the op names them.
     ``error``: the exception class a refused call raises (e.g. :class:`opforge.OpInputError`, as
@@ -62,33 +65,33 @@ class ShapeRule:
         self._error = error
 
     @functools.cached_property
-    def _op(self):
-        try:
-            return getattr(getattr(torch.ops, self._namespace), self._name).default
-        except (AttributeError, RuntimeError) as exc:
-            raise RuntimeError(f"ShapeRule: the op {self.qualname} is not registered; its torch extension "
-                               "(TORCH_LIBRARY) must be loaded first") from exc
+    def _library(self):
+        """The loaded torch library (opforge.load_torch_library) that carries this rule."""
+        from .torch_library import loaded_torch_libraries
+
+        for library in loaded_torch_libraries():
+            if library.shape_rule_signature(self.qualname) is not None:
+                return library
+        raise RuntimeError(f"ShapeRule: no loaded torch library has the shape rule {self.qualname}; load its "
+                           "library first (opforge.load_torch_library), and register the rule there with "
+                           "OPFORGE_SHAPE_RULE (opforge/torch_shape_rule.h)")
 
     @functools.cached_property
     def _arguments(self) -> list:
-        """(name, kind) of the rule op's arguments: kind "shape" (a tensor's, ``SymInt[]``),
-        "optional_shape" (``SymInt[]?``), "bool" or "value" (an attribute, ``int[]`` included)."""
-        # The argument types as the schema declares them: the parsed schema's types say int for
-        # SymInt, so read the declarations from its text.
-        text = str(self._op._schema)
+        """(name, kind) of the rule's arguments, from the signature its library registered: kind
+        "shape" (a tensor's, ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int"
+        or "ints" (``int[]``)."""
+        text = self._library.shape_rule_signature(self.qualname)
+        kinds = {"SymInt[]": "shape", "SymInt[]?": "optional_shape", "bool": "bool", "float": "float",
+                 "int": "int", "int[]": "ints"}
         out = []
-        for arg in self._op._schema.arguments:
-            found = re.search(rf"([\w\[\]?]+) {re.escape(arg.name)}(?=[=,)])", text)
-            declared = found.group(1) if found else str(arg.type)
-            if declared == "SymInt[]?":
-                out.append((arg.name, "optional_shape"))
-            elif declared == "SymInt[]":
-                out.append((arg.name, "shape"))
-            elif declared == "bool":
-                out.append((arg.name, "bool"))
-            else:
-                out.append((arg.name, "value"))
-        if not any(kind != "value" and kind != "bool" for _, kind in out):
+        for part in filter(None, (p.strip() for p in text.strip().strip("()").split(","))):
+            declared, _, name = part.rpartition(" ")
+            if declared not in kinds:
+                raise RuntimeError(f"ShapeRule: {self.qualname} declares {part!r}; a rule takes SymInt[], "
+                                   "SymInt[]?, int, int[], float and bool arguments")
+            out.append((name, kinds[declared]))
+        if not any(kind in ("shape", "optional_shape") for _, kind in out):
             raise RuntimeError(f"ShapeRule: {self.qualname} has no SymInt[] argument (a tensor's shape): {text}")
         return out
 
@@ -100,10 +103,14 @@ class ShapeRule:
 
         values = [None if v is None else list(v) if isinstance(v, (torch.Size, tuple)) else v
                   for v in shapes_and_attrs]
+        kinds = [kind for _, kind in self._arguments]
+        if len(values) != len(kinds):
+            raise TypeError(f"ShapeRule {self.qualname}: takes {len(kinds)} arguments "
+                            f"({', '.join(n for n, _ in self._arguments)}), got {len(values)}")
         # A computation on sizes, not tensor work: outside any dispatch mode (fake, functionalisation).
         with _disable_current_modes():
             try:
-                return _unflatten(self._op(*values))
+                return _unflatten(self._library.run_shape_rule(self.qualname, kinds, values))
             except ValueError as exc:
                 if self._error is None or isinstance(exc, self._error):
                     raise

@@ -1,15 +1,23 @@
-"""Loads opforge's torch extension (its TORCH_LIBRARY(opforge) ops and kernels)."""
+"""Loads opforge's torch op library, libopforge_torch.so (its STABLE_TORCH_LIBRARY(opforge) ops,
+kernels and shape rules)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ..torch_library import load_torch_library
+
+#: opforge's torch op library: built once on LibTorch's stable ABI, for every torch >= 2.10.
+LIBRARY_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libopforge_torch.so")
+
 try:
-    from .. import _C  # noqa: F401  (loading it runs TORCH_LIBRARY(opforge, ...))
-except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    _C = load_torch_library(LIBRARY_PATH)  # runs STABLE_TORCH_LIBRARY(opforge, ...)
+except (OSError, RuntimeError) as exc:  # pragma: no cover - exercised only on broken installs
     raise ImportError(
-        "opforge: the torch extension opforge._C is not built or does not match this torch "
-        f"({torch.__version__}). Build it with `pip install --no-build-isolation -e .` "
+        f"opforge: the torch op library {LIBRARY_PATH} is not built or does not load in this torch "
+        f"({torch.__version__}; opforge needs torch >= 2.10). Build it with `pip install --no-build-isolation -e .` "
         f"(or `python setup.py develop`) in the opforge checkout. Cause: {exc}"
     ) from exc
 
