@@ -131,6 +131,14 @@ def aten_library():
         py_limited_api=False,
     )
     ext.opforge_plain_library = True
+    # The torch it is built against, beside it: opforge refuses it under any other torch
+    # (opforge/ort_kernels/libraries.py, _aten_library).
+    import torch
+
+    stamp = os.path.join(ROOT, "opforge", "ort_kernels", "libopforge_aten.so.torch")
+    if not os.path.isfile(stamp) or open(stamp).read().strip() != torch.__version__:
+        with open(stamp, "w") as f:
+            f.write(torch.__version__ + "\n")
     return ext
 
 

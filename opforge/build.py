@@ -1,16 +1,17 @@
-"""Build helpers for a package's own ops (and opforge's own build): the torch extension
-and the ONNX Runtime custom-op library from the package's sources, with opforge's C++
+"""Build helpers for a package's own ops (and opforge's own build): the torch op library (on
+LibTorch's stable ABI: one build for every torch >= 2.10) and the ONNX Runtime custom-op library
+from the package's sources, with opforge's C++
 headers, ORT's headers and one CUDA switch.
 
 In a package's ``setup.py``::
 
     from setuptools import setup
-    from opforge.build import OrtLibrary, TorchExtension, build_ext
+    from opforge.build import OrtLibrary, TorchLibrary, build_ext
 
     setup(
         ext_modules=[
-            TorchExtension("my_ops._C", ["my_ops/csrc/swish_torch.cpp"],
-                           cuda_sources=["my_ops/csrc/swish_torch_cuda.cu"]),
+            TorchLibrary("my_ops.libmy_ops_torch", ["my_ops/csrc/swish_torch.cpp"],
+                         cuda_sources=["my_ops/csrc/swish_torch_cuda.cu"]),
             OrtLibrary("my_ops.libmy_ops_ort", ["my_ops/csrc/swish_ort.cc"],
                        cuda_sources=["my_ops/csrc/swish_ort_cuda.cu"]),
         ],
@@ -23,7 +24,7 @@ torch again). ``OPFORGE_CUDA=auto|1|0`` decides about ``cuda_sources`` for every
 in a CUDA build ``OPFORGE_WITH_CUDA`` is defined. Objects are kept in ``build/`` and
 rebuilt by ninja only when their source or a header it includes changed.
 
-In a notebook, :func:`load` (torch extension) and :func:`load_ort_library` build and
+In a notebook, :func:`load` (torch op library) and :func:`load_ort_library` build and
 load the same sources just in time.
 
 This module imports nothing from the rest of opforge (opforge's own setup.py loads it
@@ -150,12 +151,7 @@ def include_paths(*, ort: bool = True, cuda: bool = False) -> list[str]:
     """Include directories for a package's kernels: opforge's headers (``#include
     "opforge/torch_op.h"``, ``"opforge/ort_op.h"``, ``"core/half.h"`` ...), ORT's headers
     (``ort=True``; fetched if needed) and, with ``cuda=True``, the CUDA toolkit's."""
-    paths = [str(CSRC_DIR)]
-    if ort:
-        paths.append(ort_include_dir())
-    if cuda:
-        paths += cuda_include_dirs()
-    return paths
+    return [str(CSRC_DIR)] + ([ort_include_dir()] if ort else []) + (cuda_include_dirs() if cuda else [])
 
 
 # ---- CUDA -----------------------------------------------------------------------------
@@ -299,12 +295,6 @@ def nvcc_flags() -> list[str]:
     return NVCC_FLAGS + [f for flag in path_map_flags() for f in ("-Xcompiler", flag)]
 
 
-def torch_cxx_flags() -> list[str]:
-    """Host-compiler flags of a torch extension. OpenMP: ``at::parallel_for`` is an inline
-    OpenMP region, serial without it (the runtime libgomp is the one torch loaded)."""
-    return opt_flags() + path_map_flags() + ["-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
-
-
 def ort_cxx_flags(std: str = "c++17") -> list[str]:
     """Host-compiler flags of an ORT custom-op library: the running ORT hands over its API
     (ORT_API_MANUAL_INIT), and nothing but RegisterCustomOps is visible."""
@@ -350,45 +340,18 @@ def _paths(sources: Iterable[str]) -> list[str]:
     return out
 
 
-def TorchExtension(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
-                   include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
-                   extra_nvcc_flags: Sequence[str] = (), **kwargs):
-    """A torch extension (``torch.utils.cpp_extension`` CppExtension, or CUDAExtension with
-    ``cuda_sources`` when :func:`cuda_enabled`) with opforge's headers and flags: -O3,
-    OpenMP (``at::parallel_for`` is an inline OpenMP region, serial without it), hidden
-    visibility, ``OPFORGE_WITH_CUDA`` in CUDA builds. Sources may be glob patterns."""
-    resolve_cuda_home()
-    from torch.utils import cpp_extension
-
-    cxx = torch_cxx_flags() + list(extra_cxx_flags)
-    common = dict(include_dirs=[str(CSRC_DIR), *include_dirs], define_macros=list(define_macros),
-                  extra_link_args=["-fopenmp", *sanitizer_flags(), *kwargs.pop("extra_link_args", [])],
-                  py_limited_api=True, **kwargs)
-    srcs = _paths(sources)
-    if cuda_sources and cuda_enabled():
-        common["include_dirs"] += cuda_include_dirs()
-        return cpp_extension.CUDAExtension(
-            name, srcs + _paths(cuda_sources),
-            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"], "nvcc": nvcc_flags() + list(extra_nvcc_flags)},
-            **common)
-    return cpp_extension.CppExtension(name, srcs, extra_compile_args={"cxx": cxx}, **common)
-
-
-#: The oldest torch a stable-ABI library targets (``TORCH_TARGET_VERSION``): built once, it loads
-#: in every torch from this version on (LibTorch's stable ABI: only C shims cross the boundary).
+#: The oldest torch a stable-ABI library targets (``TORCH_TARGET_VERSION``): it loads in every later one.
 TORCH_TARGET = (2, 10)
 
 
 def torch_target_version_flag(target: tuple = TORCH_TARGET) -> str:
-    """``-DTORCH_TARGET_VERSION=...`` for torch ``target`` (major, minor): the stable headers then
-    offer only what that torch has, and the library calls nothing newer."""
+    """``-DTORCH_TARGET_VERSION`` for torch ``target``: the stable headers offer only what it has."""
     major, minor = target
     return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000ULL"
 
 
 def stable_cxx_flags() -> list[str]:
-    """Host-compiler flags of a stable-ABI torch library (C++20: the kernels' dtype dispatch takes
-    templated lambdas)."""
+    """Host-compiler flags of a stable-ABI torch library (C++20: templated lambdas dispatch dtypes)."""
     return opt_flags() + path_map_flags() + ["-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas",
                                              torch_target_version_flag()]
 
@@ -397,16 +360,12 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
                  include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
                  extra_nvcc_flags: Sequence[str] = ()):
     """A torch op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``) on LibTorch's **stable
-    ABI** (opforge/torch_op.h): built once, it loads in every torch from :data:`TORCH_TARGET` on,
-    and in a process without Python (an AOTInductor runner). It links libtorch_cpu only for the
-    stable C shims (``aoti_torch_*``, ``torch_*``), through ``$ORIGIN``-relative run paths into the
-    torch wheel, and no libpython. Load it with :func:`opforge.load_torch_library`.
-
-    With ``cuda_sources`` in a CUDA build, the CUDA kernels go into a companion,
-    ``pkg/libfoo_cuda.so`` (``cuda_sources`` only, with ``OPFORGE_WITH_CUDA``; it links the CUDA
-    runtime of torch's nvidia wheels). The library loads it when it is loaded and goes on without
-    it where it cannot load (opforge/torch_library.h), so the CPU part never depends on one CUDA
-    major."""
+    ABI** (opforge/torch_op.h): built once, it loads in every torch from :data:`TORCH_TARGET` on, and
+    without Python (an AOTInductor runner). It links libtorch_cpu for the stable C shims only, through
+    ``$ORIGIN``-relative run paths. Load it with :func:`opforge.load_torch_library`. With
+    ``cuda_sources`` in a CUDA build, the CUDA kernels go into ``pkg/libfoo_cuda.so``, which links
+    the CUDA runtime; the library loads it when it loads, and goes on without it where it cannot load
+    (opforge/torch_library.h): the CPU part never depends on one CUDA major."""
     from setuptools import Extension
     from torch.utils import cpp_extension
 
@@ -428,7 +387,8 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
             part, sources=_paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
             define_macros=list(define_macros), language="c++", library_dirs=[torch_lib],
             libraries=["torch_cpu", "torch_cuda"],  # torch_cuda: the CUDA shims (the current stream)
-            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA"],
+            # USE_CUDA: the stable shims' CUDA declarations (the current stream), whatever the include order
+            extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA", "-DUSE_CUDA"],
                                 "nvcc": nvcc_flags() + [torch_target_version_flag()] + list(extra_nvcc_flags)},
             extra_link_args=[*link, *libs, *rpath_flags(sorted({os.path.dirname(p) for p in libs}), part)],
             py_limited_api=False)
@@ -598,52 +558,24 @@ def build_ext(*, build_dir: Optional[str] = None):
 # ---- just in time (notebooks) ---------------------------------------------------------
 
 
-def load(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (), extra_include_paths=(),
-         extra_cflags=(), build_directory: Optional[str] = None, verbose: bool = False) -> str:
-    """Builds (incrementally, in a cache directory) and loads a torch extension from ``sources``,
-    like ``torch.utils.cpp_extension.load`` but with opforge's headers and flags; its
-    ``TORCH_LIBRARY`` ops are then in ``torch.ops``. Returns the library path. Register the
-    ops' specs with ``opforge.register_op`` afterwards."""
-    resolve_cuda_home()
-    from torch.utils import cpp_extension
+def load(name: str, sources: Sequence[str], **kwargs) -> str:
+    """Builds (incrementally: ninja, in a cache directory) and loads a stable-ABI torch op library
+    ``lib<name>.so`` from ``sources`` with opforge's headers and flags; its ops are then in
+    ``torch.ops``. Returns the library path. Keywords: ``extra_include_paths``, ``extra_cflags``,
+    ``build_directory``, ``verbose``. Register the ops' specs with ``opforge.register_op`` afterwards."""
+    from .ninja_build import load_torch_library_just_in_time
 
-    with_cuda = bool(cuda_sources) and cuda_enabled()
-    srcs = [os.path.abspath(s) for s in _paths(sources) + (_paths(cuda_sources) if with_cuda else [])]
-    flags = torch_cxx_flags() + (["-DOPFORGE_WITH_CUDA"] if with_cuda else []) + list(extra_cflags)
-    build_directory = build_directory or str(cache_dir() / "jit" / name)
-    os.makedirs(build_directory, exist_ok=True)
-    # is_python_module=False: built as a plain library and loaded with torch.ops.load_library
-    return cpp_extension.load(name, srcs, extra_cflags=flags, extra_cuda_cflags=nvcc_flags() if with_cuda else None,
-                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC_DIR), *extra_include_paths],
-                              build_directory=build_directory, verbose=verbose, is_python_module=False,
-                              with_cuda=with_cuda)
+    return load_torch_library_just_in_time(name, sources, **kwargs)
 
 
-def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str] = None,
-                     include_dirs: Sequence[str] = (), extra_cflags: Sequence[str] = (),
-                     build_directory: Optional[str] = None, verbose: bool = False) -> str:
+def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str] = None, **kwargs) -> str:
     """Builds (incrementally: ninja, one object per source, header dependencies tracked) an ORT
-    custom-op library ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path;
-    with ``domain``, also ``opforge.register_ort_library(domain, path)``."""
-    build_directory = Path(build_directory or cache_dir() / "jit" / f"ort_{name}")
-    build_directory.mkdir(parents=True, exist_ok=True)
-    srcs = [os.path.abspath(s) for s in _paths(sources)]
-    incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
-    cflags = ["-fPIC", *ort_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags]
-    from .ninja_build import ninja_shared_library  # (not needed by setup.py, which loads this file by path)
+    custom-op library ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path; with
+    ``domain``, also ``opforge.register_ort_library(domain, path)``. Keywords: ``include_dirs``,
+    ``extra_cflags``, ``build_directory``, ``verbose``."""
+    from .ninja_build import load_ort_library_just_in_time
 
-    out = build_directory / f"lib{name}.so"
-    run = ninja_shared_library(out, srcs, cflags, ["-shared", f"-Wl,--version-script={ORT_EXPORTS_MAP}",
-                                                   "-Wl,--as-needed"], verbose=verbose)
-    if verbose or run.returncode != 0:
-        print(run.stdout + run.stderr, file=sys.stderr)
-    if run.returncode != 0:
-        raise RuntimeError(f"opforge.build.load_ort_library: building lib{name}.so failed (see the compiler output above)")
-    if domain is not None:
-        from .ort_kernels import register_ort_library
-
-        register_ort_library(domain, str(out), provider=f"opforge.build.load_ort_library({name!r})", replace=True)
-    return str(out)
+    return load_ort_library_just_in_time(name, sources, domain=domain, **kwargs)
 
 
 def _main(argv=None) -> int:

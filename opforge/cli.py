@@ -123,7 +123,9 @@ def cmd_info(args) -> int:
     print(f"onnxruntime    {onnxruntime.__version__}")
     ortx = opforge.ortx_version()
     print(f"onnxruntime-extensions {ortx or f'not installed (pip install {ORTX_PIN}; needed for prototype ops)'}")
-    print(f"torch ext      {opforge._C.__file__}")
+    state, reason = opforge.ops._registry._C.cuda_part
+    print(f"torch library  {opforge.torch_library_path()} (stable ABI, torch >= 2.10; CUDA part {state}"
+          f"{': ' + reason if reason else ''})")
     if opforge.BUILT_WITH_CUDA:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU visible"
         print(f"CUDA kernels   built (torch CUDA + ORT CUDAExecutionProvider); {gpu}")

@@ -2,7 +2,7 @@
 does for the built-in ones, and ``opforge.check_library(namespace)`` checks that a torch
 library and its specs match.
 
-    from . import _C                               # runs TORCH_LIBRARY(my_ops, m) { m.def(...); }
+    _C = opforge.load_torch_library(LIB_PATH)      # runs STABLE_TORCH_LIBRARY(my_ops, m) { m.def(...); }
     SWISH = opforge.OpSpec(name="swish", namespace="my_ops", domain="com.example", ...)
     swish_op = opforge.register_op(SWISH, extension=_C)
     opforge.check_library("my_ops")
@@ -61,9 +61,9 @@ def torch_op(spec: OpSpec) -> torch._ops.OpOverload:
         return getattr(getattr(torch.ops, spec.namespace), spec.name).default
     except (AttributeError, RuntimeError):
         raise OpRegistrationError(
-            f"opforge: {spec.torch_qualname} has a spec but no C++ declaration: load the torch extension "
-            f"whose TORCH_LIBRARY({spec.namespace}, m) declares m.def(\"{spec.schema}\") before register_op "
-            f"(e.g. `from . import _C` in the package)"
+            f"opforge: {spec.torch_qualname} has a spec but no C++ declaration: load the torch library "
+            f"whose STABLE_TORCH_LIBRARY({spec.namespace}, m) declares m.def(\"{spec.schema}\") before register_op "
+            f"(opforge.load_torch_library(path) in the package)"
         ) from None
 
 
@@ -84,7 +84,7 @@ def _check_cuda(qualname: str, with_cuda: Optional[bool]) -> None:
     if with_cuda:
         raise OpRegistrationError(
             f"opforge: no CUDA kernel for {qualname}: the extension was built with CUDA but registers no "
-            f"TORCH_LIBRARY_IMPL(<namespace>, CUDA, m) kernel for it; add one (or build with OPFORGE_CUDA=0)"
+            f"STABLE_TORCH_LIBRARY_IMPL(<namespace>, CUDA, m) kernel for it; add one (or build with OPFORGE_CUDA=0)"
         )
     namespace, name = qualname.split("::")
     what = "this build has no CUDA kernels" if with_cuda is False else "no CUDA kernel is registered for it"
@@ -121,7 +121,7 @@ def register_op(spec: OpSpec, *, extension: Optional[ModuleType] = None) -> torc
     """Registers ``spec`` everywhere (see the module doc) and returns the torch op.
 
     ``extension``: the loaded torch extension module that declares the op; its
-    ``WITH_CUDA`` flag (set by ``OPFORGE_TORCH_EXTENSION_MODULE``) decides whether a
+    ``WITH_CUDA`` flag (whether its CUDA part loaded: opforge.TorchLibrary) decides whether a
     missing CUDA kernel is an error. Registering the same spec again is a no-op.
     """
     from .symbolics import onnx_schema, torchscript

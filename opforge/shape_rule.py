@@ -66,27 +66,44 @@ class ShapeRule:
 
     @functools.cached_property
     def _library(self):
-        """The loaded torch library (opforge.load_torch_library) that carries this rule."""
+        """The loaded torch library (opforge.load_torch_library) that carries this rule, or None when
+        the rule is a torch op instead (``qualname(SymInt[] x, ...) -> SymInt[]``, e.g. defined in
+        Python with torch.library, or by an extension on torch's C++ API)."""
         from .torch_library import loaded_torch_libraries
 
         for library in loaded_torch_libraries():
             if library.shape_rule_signature(self.qualname) is not None:
                 return library
-        raise RuntimeError(f"ShapeRule: no loaded torch library has the shape rule {self.qualname}; load its "
-                           "library first (opforge.load_torch_library), and register the rule there with "
-                           "OPFORGE_SHAPE_RULE (opforge/torch_shape_rule.h)")
+        return None
+
+    @functools.cached_property
+    def _op(self):
+        try:
+            return getattr(getattr(torch.ops, self._namespace), self._name).default
+        except (AttributeError, RuntimeError):
+            raise RuntimeError(f"ShapeRule: {self.qualname} is not registered: no loaded torch library has this "
+                               "shape rule (load its library first with opforge.load_torch_library; it registers "
+                               "the rule with OPFORGE_SHAPE_RULE, opforge/torch_shape_rule.h), and no torch op has "
+                               "this name") from None
+
+    @functools.cached_property
+    def _signature(self) -> str:
+        if self._library is not None:
+            return self._library.shape_rule_signature(self.qualname)
+        # A torch op: the declarations from its schema's text (the parsed types say int for SymInt).
+        text = str(self._op._schema)
+        return text[text.index("("):text.rindex(") ->") + 1]
 
     @functools.cached_property
     def _arguments(self) -> list:
-        """(name, kind) of the rule's arguments, from the signature its library registered: kind
-        "shape" (a tensor's, ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int"
-        or "ints" (``int[]``)."""
-        text = self._library.shape_rule_signature(self.qualname)
+        """(name, kind) of the rule's arguments, from its signature: kind "shape" (a tensor's,
+        ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int" or "ints" (``int[]``)."""
+        text = self._signature
         kinds = {"SymInt[]": "shape", "SymInt[]?": "optional_shape", "bool": "bool", "float": "float",
                  "int": "int", "int[]": "ints"}
         out = []
         for part in filter(None, (p.strip() for p in text.strip().strip("()").split(","))):
-            declared, _, name = part.rpartition(" ")
+            declared, _, name = part.split("=")[0].strip().rpartition(" ")
             if declared not in kinds:
                 raise RuntimeError(f"ShapeRule: {self.qualname} declares {part!r}; a rule takes SymInt[], "
                                    "SymInt[]?, int, int[], float and bool arguments")
@@ -110,6 +127,8 @@ class ShapeRule:
         # A computation on sizes, not tensor work: outside any dispatch mode (fake, functionalisation).
         with _disable_current_modes():
             try:
+                if self._library is None:
+                    return _unflatten(self._op(*values))
                 return _unflatten(self._library.run_shape_rule(self.qualname, kinds, values))
             except ValueError as exc:
                 if self._error is None or isinstance(exc, self._error):

@@ -57,12 +57,14 @@ def test_cuda_build_as_requested_and_linked_as_designed():
     build, so it loads on a box without CUDA (neither links torch nor onnxruntime)."""
     if os.environ.get("OPFORGE_CUDA") == "1":
         assert opforge.BUILT_WITH_CUDA
-    ext_needed = needed_libraries(opforge._C.__file__)
+    ext_needed = needed_libraries(opforge.torch_library_path())
+    torch_companion = _cuda_companion(opforge.torch_library_path())
     ort_needed = needed_libraries(opforge.ort_library_path())
     companion = _cuda_companion(opforge.ort_library_path())
     assert not any("cuda" in n or "cublas" in n for n in ort_needed), ort_needed
+    assert not any("cuda" in n or "cublas" in n for n in ext_needed), ext_needed
     if opforge.BUILT_WITH_CUDA:
-        assert any("c10_cuda" in n for n in ext_needed), ext_needed
+        assert "libcudart.so.13" in needed_libraries(torch_companion)
         companion_needed = needed_libraries(companion)
         assert {"libcudart.so.13", "libcublas.so.13"} <= set(companion_needed), companion_needed
         assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV2"}
@@ -70,7 +72,6 @@ def test_cuda_build_as_requested_and_linked_as_designed():
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA"), op
     else:
         assert not companion.exists()
-        assert not any("cuda" in n or "cublas" in n for n in ext_needed), ext_needed
 
 
 def test_a_companion_of_another_build_is_refused(tmp_path):
@@ -241,7 +242,7 @@ def test_setup_py_develop_builds_everything(tmp_path):
     print(f"setup.py develop (OPFORGE_CUDA=0): {time.monotonic() - start:.0f} s")
     assert not stale.exists(), "the stale CUDA companion is still beside the CPU-only library"
     assert (ort_kernels / "libopforge_ort.so").is_file() and (ort_kernels / "libopforge_aten.so").is_file()
-    assert list((src / "opforge").glob("_C*.so"))
+    assert (src / "opforge" / "libopforge_torch.so").is_file()
     # In place, beside the sources: libtorch is found through the absolute run path.
     missing = {n: w for n, w in _ldd(ort_kernels / "libopforge_aten.so", _env_without_library_path()).items()
                if w == "not found"}
@@ -289,7 +290,7 @@ def wheel_install(tmp_path_factory):
         if not (site / entry.name).exists():
             (site / entry.name).symlink_to(entry)
     ort_kernels = site / "opforge" / "ort_kernels"
-    (ext,) = (site / "opforge").glob("_C*.so")
+    ext = site / "opforge" / "libopforge_torch.so"
     return SimpleNamespace(src=src, wheel=wheel, site=site, cuda=cuda == "1", ext=ext,
                            ort=ort_kernels / "libopforge_ort.so", ort_cuda=ort_kernels / "libopforge_ort_cuda.so",
                            aten=ort_kernels / "libopforge_aten.so")
@@ -311,7 +312,7 @@ def test_wheel_ships_libraries_and_headers(wheel_install):
     expected |= {f"opforge/include/onnxruntime/{h.name}" for h in Path(_ort_include()).glob("*.h")}
     expected |= {f.relative_to(src).as_posix() for f in (src / "opforge" / "templates").rglob("*") if f.is_file()}
     assert sorted(expected - names) == []
-    assert [n for n in names if n.startswith("opforge/_C.") and n.endswith(".so")], sorted(names)
+    assert "opforge/libopforge_torch.so" in names, sorted(names)
     assert ("opforge/ort_kernels/libopforge_ort_cuda.so" in names) == wheel_install.cuda
     assert ("opforge/ort_kernels/libopforge_mmdeploy_cuda.so" in names) == wheel_install.cuda
     assert not [n for n in names if n.endswith((".o", ".ninja"))]

@@ -148,7 +148,7 @@ def test_reference_check_compares_bfloat16_in_float32():
 def test_bad_sample_whose_message_does_not_match():
     bad = BadSample(torch.randn(2, 3), torch.randn(4), match="no such words", name="unmatched")
     with pytest.raises(AssertionError, match=r"check_op\[bad_inputs\] opforge::my_add, sample 'unmatched': torch raised "
-                                             r"ValueError, but its message does not match 'no such words'"):
+                                             r"RuntimeError, but its message does not match 'no such words'"):
         check_op(MY_ADD, [], bad_samples=[bad])
 
 

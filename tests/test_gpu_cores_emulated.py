@@ -166,14 +166,23 @@ def test_my_add_items_match_torch(emu, shape_a, shape_b, transpose_a, dtype):
 
 @pytest.fixture(scope="module")
 def batched(tmp_path_factory):
+    """batched_host.cpp as a stable-ABI torch library (the flags of opforge's own), loaded once."""
     from torch.utils import cpp_extension
 
-    build = tmp_path_factory.mktemp("batched")
-    cpp_extension.load(
-        name="opforge_gpu_emulation", sources=[str(ROOT / "tests" / "csrc" / "batched_host.cpp")],
-        extra_include_paths=[str(ROOT / "opforge" / "csrc"), str(ROOT / "opforge" / "ops" / "csrc")],
-        extra_cflags=["-O1", "-g0"], build_directory=str(build), is_python_module=False, verbose=False,
+    from opforge.build import torch_target_version_flag
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed to build the GPU-core emulation"
+    lib = tmp_path_factory.mktemp("batched") / "libopforge_gpu_emulation.so"
+    torch_lib = cpp_extension.library_paths()[0]
+    subprocess.run(
+        [cxx, "-O1", "-g0", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", torch_target_version_flag(),
+         "-I", str(ROOT / "opforge" / "csrc"), "-I", str(ROOT / "opforge" / "ops" / "csrc"),
+         "-I", cpp_extension.include_paths()[0], str(ROOT / "tests" / "csrc" / "batched_host.cpp"),
+         "-o", str(lib), "-L", torch_lib, "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"],
+        check=True,
     )
+    torch.ops.load_library(str(lib))
     return torch.ops.opforge_gpu_emulation
 
 

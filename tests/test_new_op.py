@@ -5,6 +5,7 @@ runs in ONE opforge.ort_session with no manual registration, and the new op's OR
 runs in a process that never imports torch."""
 
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -51,9 +52,17 @@ def test_generated_package_layout_and_build(scaffold):
     python, pkg_dir = scaffold
     files = sorted(p.relative_to(pkg_dir).as_posix() for p in pkg_dir.rglob("*") if p.is_file() and "build" not in p.parts)
     for expected in (f"src/{PKG}/csrc/{NAME}.h", f"src/{PKG}/csrc/{NAME}_torch.cpp", f"src/{PKG}/csrc/{NAME}_ort.cc",
-                     f"src/{PKG}/csrc/cuda/{NAME}_cuda.cu", f"src/{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py",
-                     "pyproject.toml", "README.md", ".gitignore", f"src/{PKG}/lib{PKG}_ort.so"):
+                     f"src/{PKG}/csrc/cuda/{NAME}_cuda.cu", f"src/{PKG}/csrc/cuda/{NAME}_torch_cuda.cpp",
+                     f"src/{PKG}/{NAME}.py", f"tests/test_{NAME}.py", "setup.py", "pyproject.toml", "README.md",
+                     ".gitignore", f"src/{PKG}/lib{PKG}_ort.so", f"src/{PKG}/lib{PKG}_torch.so"):
         assert expected in files, files
+    assert (f"src/{PKG}/lib{PKG}_torch_cuda.so" in files) == _nvcc()  # the torch library's CUDA part
+    # On LibTorch's stable ABI: the torch library (and its CUDA part) call torch only through its C shims.
+    for library in (pkg_dir / "src" / PKG).glob(f"lib{PKG}_torch*.so"):
+        symbols = _run(["nm", "-D", "-C", "--undefined-only", str(library)], cwd=pkg_dir)
+        assert symbols.returncode == 0, symbols.stderr
+        unstable = [line for line in symbols.stdout.splitlines() if re.search(r"\b(at|c10|torch)::", line)]
+        assert not unstable, (library.name, unstable[:10])
     check = _run([python, "-c", f"import torch, {PKG}; x = torch.linspace(-2, 2, 5, dtype=torch.float64);"
                   f"print(torch.ops.{PKG}.{NAME}(x, 0.5).sub(x * torch.sigmoid(0.5 * x)).abs().max().item(),"
                   f" {PKG}.BUILT_WITH_CUDA)"], cwd=pkg_dir.parent)
@@ -263,6 +272,7 @@ def test_new_op_wheel_installs_into_a_fresh_venv_and_runs(scaffold, tmp_path):
         naming = {n: [r for r in roots if (r + "/").encode() in z.read(n)] for n in z.namelist()}
         z.extractall(tmp_path / "unpacked")
     assert f"{PKG}/lib{PKG}_ort.so" in libs and (f"{PKG}/lib{PKG}_ort_cuda.so" in libs) == _nvcc(), libs
+    assert f"{PKG}/lib{PKG}_torch.so" in libs and (f"{PKG}/lib{PKG}_torch_cuda.so" in libs) == _nvcc(), libs
     assert {n: r for n, r in naming.items() if r} == {}
     for name in libs:
         entries = run_paths(tmp_path / "unpacked" / name)

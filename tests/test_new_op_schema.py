@@ -177,18 +177,21 @@ def test_the_package_follows_the_schema_and_is_named_after_the_op(tmp_path):
     assert f'schema="{MIXED_SCHEMA}"' in spec and f'm.def("{MIXED_SCHEMA}");' in torch_cpp
     assert 'opforge.TensorArg("index", dtypes=("int64",)' in spec and 'opforge.AttrArg("alpha", kind="float"' in spec
     assert "if index.dtype != torch.int64:" in spec
-    assert "index.scalar_type() == at::kLong" in torch_cpp and "torch_glue::input<int64_t>(index)" in torch_cpp
+    assert "index.scalar_type() == opforge::ScalarType::Long" in torch_cpp
+    assert "torch_glue::input<int64_t>(index)" in torch_cpp
     assert "args.alpha = static_cast<float>(alpha);" in torch_cpp and "double alpha" in torch_cpp
     assert "const Ort::Custom::Tensor<int64_t>& index" in ort_cc and "const Ort::Custom::Tensor<T>& x" in ort_cc
     assert 'opforge::ort::node_attribute<float>(info, kOp, "alpha")' in ort_cc
     assert "Input<int64_t> index;" in core and "float alpha = 0;" in core
     assert core.count(f"std::string {MIXED}_forward(") == 1 and f"{MIXED}_backward" not in core  # one function
-    # One shape rule: the core's, which the forward runs and torch registers for the fake impl and ONNX.
+    # One shape rule: the core's, which the forward runs and torch registers for the fake impl and ONNX
+    # (a shape rule of the stable-ABI library, opforge/torch_shape_rule.h: no op, no c10::SymInt).
     assert f"std::string {MIXED}_output_shapes(const MixedTypesShapes<Dim>& in," in core
     assert f"const std::string error = {MIXED}_output_shapes({MIXED}_shapes(args), shapes);" in core
-    assert (f'm.def("_{MIXED}_output_shapes(SymInt[] x, SymInt[] index, float alpha) -> SymInt[]", '
-            f"&{MIXED_PKG}::{MIXED}_output_shapes);") in torch_cpp
-    assert f'_shape_rule = opforge.ShapeRule("{MIXED_PKG}::_{MIXED}_output_shapes")' in spec
+    assert f"core::{MIXED}_output_shapes(in, out)" in torch_cpp and "c10::" not in torch_cpp
+    assert (f'OPFORGE_SHAPE_RULE({MIXED_PKG}, _{MIXED}_output_shapes, "(SymInt[] x, SymInt[] index, float alpha)", '
+            f"{MIXED_PKG}::{MIXED}_output_shapes);") in " ".join(_joined_literals(torch_cpp).split())
+    assert f'_shape_rule = opforge.ShapeRule("{MIXED_PKG}::_{MIXED}_output_shapes", error=opforge.OpInputError)' in spec
     assert "onnx_output_shapes=_shape_rule.onnx_output_shapes," in spec and "def _output_shapes" not in spec
     assert "CUDA_SOURCES = []  # new-op --schema: CPU kernels only" in files["setup.py"]
     # Each tensor input has its own example shape: the float one (batch, n), the index tensor 6 values.
@@ -277,7 +280,7 @@ def test_no_grad_reaches_the_spec_the_python_backward_and_the_cpp_backward(tmp_p
     spec, core = files["cpp"][f"src/opf_ng_cpp/{ROI}.py"], files["cpp"][f"src/opf_ng_cpp/csrc/{ROI}.h"]
     torch_cpp = files["cpp"][f"src/opf_ng_cpp/csrc/{ROI}_torch.cpp"]
     assert 'm.def("_my_roi_backward(Tensor grad_out, Tensor input, Tensor rois, int out_h) -> Tensor");' in torch_cpp
-    assert "at::Tensor my_roi_backward_cpu(" in torch_cpp and "std::vector<at::Tensor> outputs(1);" in torch_cpp
+    assert "\nTensor my_roi_backward_cpu(" in torch_cpp and "std::vector<Tensor> outputs(1);" in torch_cpp
     assert "F* grad_input = alloc(0, args.input.shape);" in core and "grad_rois" not in core
     assert "rois has none (--no-grad): nothing" in core
     assert "grad_input = torch.ops.opf_ng_cpp._my_roi_backward(grad_out, input, rois, out_h)" in spec
@@ -326,13 +329,16 @@ def test_several_outputs_lists_optional_tensors_and_a_cpp_backward(tmp_path):
     spec, core = files[f"src/{MULTI_PKG}/{MULTI}.py"], files[f"src/{MULTI_PKG}/csrc/{MULTI}.h"]
     torch_cpp, ort_cc = files[f"src/{MULTI_PKG}/csrc/{MULTI}_torch.cpp"], files[f"src/{MULTI_PKG}/csrc/{MULTI}_ort.cc"]
     assert 'outputs=("out0", "out1"),' in spec
-    assert 'helper_ops=("_two_outputs_backward", "_two_outputs_output_shapes"),' in spec
+    assert 'helper_ops=("_two_outputs_backward",),' in spec  # the shape rule is no op (opforge/torch_shape_rule.h)
     assert 'opforge.TensorArg("weight", optional=True' in spec and 'opforge.AttrArg("sizes", kind="ints"' in spec
     assert "def two_outputs(" in spec and "beta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:" in spec
-    assert "std::tuple<at::Tensor, at::Tensor> two_outputs_cpu(" in torch_cpp
-    assert "const std::optional<at::Tensor>& weight" in torch_cpp and "at::IntArrayRef sizes" in torch_cpp
-    assert 'opforge.AttrArg("scales", kind="floats"' in spec and "at::ArrayRef<double> scales" in torch_cpp
+    assert "std::tuple<Tensor, Tensor> two_outputs_cpu(" in torch_cpp
+    assert "const std::optional<Tensor>& weight" in torch_cpp and "torch_glue::IntList sizes" in torch_cpp
+    assert 'opforge.AttrArg("scales", kind="floats"' in spec and "torch_glue::FloatList scales" in torch_cpp
     assert "args.scales.assign(scales.begin(), scales.end());" in torch_cpp  # float32 values, as ONNX stores them
+    # The shape rule takes every argument, a float[] too (torch_glue::floats: float32 values).
+    assert ('"(SymInt[] x, SymInt[] y, SymInt[]? weight, int[] sizes, float[] scales, bool flag, float alpha, '
+            'float beta)"') in _joined_literals(torch_cpp) and "in.scales = torch_glue::floats(args, 4);" in torch_cpp
     assert 'ort_glue::node_floats(info, kOp, "scales")' in ort_cc and "std::vector<float> scales;" in core
     assert ('m.def("_two_outputs_backward(Tensor grad_out0, Tensor grad_out1, Tensor x, Tensor y, Tensor? weight, '
             'int[] sizes, float[] scales, bool flag, float alpha, float beta) -> (Tensor, Tensor)");') in _joined_literals(torch_cpp)
@@ -736,7 +742,7 @@ def test_roi_op_is_built_against_opforges_glue_headers(roi):
     for header in ("core_tensor.h", "ort_glue.h"):
         assert f"{GLUE_DIR / header}\n" in record, record
     version = "v" + opforge.__version__.split("+")[0].replace(".", "_")
-    (ext,) = (pkg_dir / "src" / package).glob("_C*.so")
+    (ext,) = (pkg_dir / "src" / package).glob(f"lib{package}_torch.so")  # the torch library (stable ABI)
     for library, namespace in ((ext, "torch_glue"), (pkg_dir / "src" / package / f"lib{package}_ort.so", "ort_glue")):
         symbols = _run(["nm", "-C", str(library)], cwd=pkg_dir)
         assert symbols.returncode == 0, symbols.stderr

@@ -71,7 +71,7 @@ def main() -> int:
     torch_lib = opforge.build.load(f"{PKG}_torch", [str(csrc / f"{NAME}_torch.cpp")],
                                    extra_include_paths=[str(csrc)])
     ort_lib = opforge.build.load_ort_library(f"{PKG}_ort", [str(csrc / f"{NAME}_ort.cc")], domain=DOMAIN)
-    print(f"   torch extension: {torch_lib}\n   ORT library:     {ort_lib}  ({time.perf_counter() - t0:.0f} s)")
+    print(f"   torch library:   {torch_lib}\n   ORT library:     {ort_lib}  ({time.perf_counter() - t0:.0f} s)")
 
     step("3. the spec: one description from which opforge derives everything else")
     spec_module = _load_spec_module(pkg_dir / "src" / PKG / f"{NAME}.py")

@@ -142,7 +142,7 @@ def _standard_dynamo(input, weight, offset, mask, bias, stride_h, stride_w, pad_
 DEFORM_CONV2D = _spec.OpSpec(
     name="deform_conv2d",
     namespace=_spec.DOMAIN,
-    helper_ops=("_deform_conv2d_backward", "_deform_conv2d_output_shapes"),
+    helper_ops=("_deform_conv2d_backward",),
     schema=(
         "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
         "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "

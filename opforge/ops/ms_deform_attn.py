@@ -233,7 +233,7 @@ def _standard_dynamo(value, spatial_shapes, level_start_index, sampling_location
 MS_DEFORM_ATTN = _spec.OpSpec(
     name="ms_deform_attn",
     namespace=_spec.DOMAIN,
-    helper_ops=("_ms_deform_attn_backward", "_ms_deform_attn_output_shapes"),
+    helper_ops=("_ms_deform_attn_backward",),
     schema=("ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
             "Tensor attention_weights, int im2col_step) -> Tensor"),
     args=(

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import spec as _spec
-from ..registration import OpInputError, autograd_function, check_same_device, register_op
+from ..registration import OpInputError, as_input_error, autograd_function, check_same_device, register_op
 from ..shape_rule import ShapeRule
 from ._registry import _C
 
@@ -87,7 +87,6 @@ MY_ADD = _spec.OpSpec(
     namespace=_spec.DOMAIN,
     schema="my_add(Tensor a, Tensor b) -> Tensor",
     args=(_spec.TensorArg("a", "A", "first operand, scaled by 2"), _spec.TensorArg("b", "B", "second operand")),
-    helper_ops=("_my_add_output_shapes",),
     outputs=("C",),
     doc="C = 2*A + B with numpy-style (multidirectional) broadcasting.",
     fake=_fake, reference=_reference, onnx_output_shapes=_shape_rule.onnx_output_shapes,  # shapes, values
@@ -99,8 +98,12 @@ my_add_op = register_op(MY_ADD, extension=_C)
 
 
 def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``2*a + b`` (broadcasting; float16/bfloat16/float32/float64), differentiable."""
-    return my_add_op(a, b)
+    """``2*a + b`` (broadcasting; float16/bfloat16/float32/float64), differentiable. Bad input raises
+    :class:`opforge.OpInputError` (a ValueError, TypeError and RuntimeError) naming the argument."""
+    try:
+        return my_add_op(a, b)
+    except RuntimeError as e:  # the kernel's check (a RuntimeError across the stable ABI)
+        raise as_input_error("opforge::my_add", e) from None
 
 
 #: ``MyAddFunction.apply(a, b)``: the op as a ``torch.autograd.Function`` with an ONNX ``symbolic``
@@ -113,4 +116,4 @@ class MyAdd(torch.nn.Module):
     """Module form of :func:`my_add`: ``MyAdd()(a, b) == 2*a + b``."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return my_add_op(a, b)
+        return my_add(a, b)

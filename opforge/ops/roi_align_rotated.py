@@ -147,7 +147,7 @@ def _reference(input, rois, *, output_height, output_width, spatial_scale, sampl
 ROI_ALIGN_ROTATED = _spec.OpSpec(
     name="roi_align_rotated",
     namespace=_spec.DOMAIN,
-    helper_ops=("_roi_align_rotated_backward", "_roi_align_rotated_output_shapes"),
+    helper_ops=("_roi_align_rotated_backward",),
     schema=("roi_align_rotated(Tensor input, Tensor rois, int output_height, int output_width, float spatial_scale, "
             "int sampling_ratio, bool aligned, bool clockwise) -> Tensor"),
     args=(

@@ -53,6 +53,10 @@ PROTOTYPE_TEMPLATE_DIR = TEMPLATE_DIR.with_name("new_op_prototype")
 #: ``opforge new-op --schema``: the op-specific files for a given signature; the other files
 #: (pyproject.toml, setup.py, _ort.py, __init__.py) come from :data:`TEMPLATE_DIR`.
 SCHEMA_TEMPLATE_DIR = TEMPLATE_DIR.with_name("new_op_schema")
+#: Files of :data:`TEMPLATE_DIR` that belong to its example op alone, left out of ``--schema``
+#: packages: the checks its CPU and CUDA torch kernels share (a ``--schema`` package's torch kernel
+#: has its checks in its one source).
+EXAMPLE_ONLY = frozenset({"src/__PKG__/csrc/__NAME___torch.h"})
 
 
 def render(text: str, subs: dict[str, str]) -> str:
@@ -80,6 +84,7 @@ def _template_files(prototype: bool, schema: bool, cuda: bool) -> dict:
     if not cuda:
         files = {rel: t for rel, t in files.items() if "/cuda/" not in f"/{rel}"}
     if schema:  # the op-specific files for the schema, over the shared ones (pyproject, setup.py, _ort.py, __init__)
+        files = {rel: t for rel, t in files.items() if rel not in EXAMPLE_ONLY}
         files.update({_output_path(t, SCHEMA_TEMPLATE_DIR): t for t in sorted(SCHEMA_TEMPLATE_DIR.rglob("*.tmpl"))})
     return dict(sorted(files.items()))
 
@@ -135,7 +140,7 @@ def new_op(name: str, package: str, directory: Optional[os.PathLike] = None, *, 
         f"to {dest}:")
     for w in written:
         log(f"  {w}")
-    what = "pure Python, nothing to compile" if prototype else f"builds the torch extension and lib{package}_ort.so"
+    what = "pure Python, nothing to compile" if prototype else f"builds lib{package}_torch.so and lib{package}_ort.so"
     log("next:\n"
         f"  pip install --no-build-isolation -e {dest}   # {what}\n"
         f"  python -m pytest {dest}                        # the op end to end")

@@ -1,6 +1,6 @@
 """The generated C++ of a ``new-op --schema`` package, piece by piece from its
 :class:`~.schema.OpSignature`: the compute core (argument struct, shape rule, forward, backward),
-the torch extension's kernels and registration, and the ONNX Runtime kernel. Each function
+the torch library's kernels and registrations (LibTorch's stable ABI), and the ONNX Runtime kernel. Each function
 returns ``{template key: text}``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from .schema import OWN_DTYPES, OpSignature
 
 _CPP_ATTR = {"int": "int64_t", "ints": "std::vector<int64_t>", "float": "float", "floats": "std::vector<float>",
              "bool": "bool"}
-_TORCH_ATTR = {"int": "int64_t", "ints": "at::IntArrayRef", "float": "double", "floats": "at::ArrayRef<double>",
+_TORCH_ATTR = {"int": "int64_t", "ints": "torch_glue::IntList", "float": "double", "floats": "torch_glue::FloatList",
                "bool": "bool"}
 PY_ATTR = {"int": "int", "ints": "list[int]", "float": "float", "floats": "list[float]", "bool": "bool"}
 
@@ -196,96 +196,116 @@ template <typename F, typename Alloc, typename ParallelFor>
 
 def torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
     x = sig.primary.name
-    check_params = [f"const at::Tensor& {t.name}" for t in sig.tensors]
+    check_params = [f"const Tensor& {t.name}" for t in sig.tensors]
 
-    def check(condition: str, *message: str) -> str:
-        return "  " + wrap("TORCH_CHECK_TYPE(", [condition, "kOp", *message], ");", indent=2)
+    def check(condition: str, *message: str, optional: str = "") -> str:
+        """An opforge::check line (its message's parts are all evaluated: an optional tensor's check runs
+        only when the tensor is given)."""
+        if optional:
+            return f"  if ({optional}.defined())\n    " + wrap("opforge::check(", [condition, "kOp", *message], ");",
+                                                             indent=4)
+        return "  " + wrap("opforge::check(", [condition, "kOp", *message], ");", indent=2)
 
-    checks = [check(f"opforge::is_supported_float({x}.scalar_type())", f'": {x} has dtype "', f"{x}.scalar_type()",
+    def dtype(t: str) -> str:
+        return f"opforge::dtype_name({t}.scalar_type())"
+
+    checks = [check(f"opforge::is_supported_float({x}.scalar_type())", f'": {x} has dtype "', dtype(x),
                     '"; supported dtypes are float32, float64, float16 and bfloat16"')]
     for t in sig.tensors:
         if t is sig.primary:
             continue
-        given = f"!{t.name}.defined() || " if t.optional else ""
+        given = t.name if t.optional else ""
         if t.dtype is None:
-            checks.append(check(f"{given}{t.name}.scalar_type() == {x}.scalar_type()", f'": {t.name} has dtype "',
-                                f"{t.name}.scalar_type()", f'" but {x} has dtype "', f"{x}.scalar_type()",
-                                '"; they must match"'))
+            checks.append(check(f"{t.name}.scalar_type() == {x}.scalar_type()", f'": {t.name} has dtype "',
+                                dtype(t.name), f'" but {x} has dtype "', dtype(x), '"; they must match"',
+                                optional=given))
         else:
-            checks.append(check(f"{given}{t.name}.scalar_type() == {OWN_DTYPES[t.dtype][1]}",
-                                f'": {t.name} has dtype "', f"{t.name}.scalar_type()", f'" but must be {t.dtype}"'))
+            checks.append(check(f"{t.name}.scalar_type() == {OWN_DTYPES[t.dtype][1]}", f'": {t.name} has dtype "',
+                                dtype(t.name), f'" but must be {t.dtype}"', optional=given))
     checks.append("  " + wrap("opforge::check_same_device(kOp, {", [f'{{"{t.name}", &{t.name}}}' for t in sig.tensors],
                                "});", indent=2))
 
-    core_params = [f"const at::Tensor& {a.name}" if a.is_tensor else f"{_TORCH_ATTR[a.kind]} {a.name}"
+    core_params = [f"const Tensor& {a.name}" if a.is_tensor else f"{_TORCH_ATTR[a.kind]} {a.name}"
                    for a in sig.args]
-    def attr_lines(a, target: str) -> list:
-        """The attribute as the core takes it, in ``target`` (``args``, ``in``)."""
-        if a.kind == "ints":
-            return [f"  {target}.{a.name} = {a.name}.vec();"]
-        if a.kind == "float":
-            note = ["  // ONNX stores float attributes as float32: compute with that value"] \
-                if a is sig.float_attrs[0] else []
-            return note + [f"  {target}.{a.name} = static_cast<float>({a.name});"]
-        if a.kind == "floats":
-            return [f"  {target}.{a.name}.assign({a.name}.begin(), {a.name}.end());  // each rounded to float32, "
-                    "as ONNX stores it"]
-        return [f"  {target}.{a.name} = {a.name};"]
+
+    def float_note(a) -> list:
+        return ["  // ONNX stores float attributes as float32: compute with that value"] \
+            if a is sig.float_attrs[0] else []
 
     body = []
     for a in sig.args:
         if a.is_tensor:
             element = OWN_DTYPES[a.dtype][0] if a.dtype else "F"
             body.append(f"  args.{a.name} = torch_glue::input<{element}>({a.name});")
+        elif a.kind == "ints":
+            body.append(f"  args.{a.name} = {a.name}.vec();")
+        elif a.kind == "float":
+            body += float_note(a) + [f"  args.{a.name} = static_cast<float>({a.name});"]
+        elif a.kind == "floats":
+            body.append(f"  args.{a.name}.assign({a.name}.begin(), {a.name}.end());  // each rounded to float32, "
+                        "as ONNX stores it")
         else:
-            body += attr_lines(a, "args")
+            body.append(f"  args.{a.name} = {a.name};")
 
-    rule_params, rule_body, rule_schema = [], [], []
-    for a in sig.args:
+    # The shape rule: its arguments in the op's order, each tensor as its shape, read from RuleArgs.
+    rule_body, rule_signature = [], []
+    for i, a in enumerate(sig.args):
         if a.is_tensor:
-            rule_params.append(f"std::optional<c10::SymIntArrayRef> {a.name}" if a.optional else
-                               f"c10::SymIntArrayRef {a.name}")
-            rule_body.append(f"  in.{a.name} = torch_glue::shape({a.name});")
-            rule_schema.append(f"SymInt[]{'?' if a.optional else ''} {a.name}")
+            rule_body.append(f"  in.{a.name} = args.shape({i});" +
+                             ("  // present == false when not given" if a.optional else ""))
+            rule_signature.append(f"SymInt[]{'?' if a.optional else ''} {a.name}")
+            continue
+        rule_signature.append(a.declaration)
+        if a.kind == "float":
+            rule_body += float_note(a) + [f"  in.{a.name} = static_cast<float>(args.real({i}));"]
+        elif a.kind == "floats":
+            rule_body.append(f"  in.{a.name} = torch_glue::floats(args, {i});  // each rounded to float32, as ONNX "
+                             "stores it")
         else:
-            rule_params.append(f"{_TORCH_ATTR[a.kind]} {a.name}")
-            rule_body += attr_lines(a, "in")
-            rule_schema.append(a.declaration)
+            reader = {"int": "integer", "ints": "integers", "bool": "boolean"}[a.kind]
+            rule_body.append(f"  in.{a.name} = args.{reader}({i});")
     rule_op = f"_{sig.name}_output_shapes"
-    rule_def = _canonical(f"{rule_op}({', '.join(rule_schema)}) -> SymInt[]")
-    rule = f"""{_cpp_comment(f"{sig.name}'s shape rule (core::{sig.name}_output_shapes) as a tensor-free torch op, "
-                          f"{pkg}::{rule_op}: each tensor argument is its shape, with c10::SymInt dims (symbolic "
-                          "under dynamic shapes); it returns the outputs' shapes flattened, [rank0, dims0..., rank1, "
-                          f"...]. The fake impl and ONNX shape inference call it (opforge.ShapeRule in {sig.name}.py), "
-                          "so they check and size exactly as the kernels do.", 0)}
-{wrap(f"std::vector<c10::SymInt> {sig.name}_output_shapes(", rule_params, ") {")}
-  core::{camel}Shapes<c10::SymInt> in;
+    rule = f"""{_cpp_comment(f"{sig.name}'s shape rule, core::{sig.name}_output_shapes on RuleDim dims (a size that may be "
+                          "symbolic under dynamic shapes), registered below as "
+                          f"{pkg}::{rule_op}: each tensor argument is its shape. The fake impl and ONNX shape "
+                          f"inference run it (opforge.ShapeRule in {sig.name}.py), so they check and size exactly "
+                          "as the kernels do.", 0)}
+std::string {sig.name}_output_shapes(const torch_glue::RuleArgs& args, torch_glue::RuleShapes& out) {{
+  core::{camel}Shapes<torch_glue::RuleDim> in;
 {chr(10).join(rule_body)}
-  std::vector<std::vector<c10::SymInt>> out;
-  const std::string err = core::{sig.name}_output_shapes(in, out);
-  TORCH_CHECK_VALUE(err.empty(), kOp, ": ", err);
-  return torch_glue::flattened(out, {len(sig.outputs)}, kOp);
+  return torch_glue::rule_result(core::{sig.name}_output_shapes(in, out), out, {len(sig.outputs)}, kOp);
 }}
 """
+    signature = "(" + ", ".join(rule_signature) + ")"
+    function = f"{pkg}::{sig.name}_output_shapes"
+    one_line = f'OPFORGE_SHAPE_RULE({pkg}, {rule_op}, "{signature}", {function});'
+    if len(one_line) <= 110:
+        registration = one_line
+    else:  # the signature as adjacent literals, one argument a line
+        indent = " " * len("OPFORGE_SHAPE_RULE(")
+        pieces = literal_pieces(signature, 110 - len(indent) - 3)
+        registration = "\n".join([f"OPFORGE_SHAPE_RULE({pkg}, {rule_op},", *(indent + p for p in pieces[:-1]),
+                                  f"{indent}{pieces[-1]},", f"{indent}{function});"])
+    rule_registration = _cpp_comment(f"The shape rule {pkg}::{rule_op}, with its arguments' signature "
+                                     "(opforge/torch_shape_rule.h).", 0) + "\n" + registration
 
     def params(a):
         if a.is_tensor:
-            return f"const std::optional<at::Tensor>& {a.name}" if a.optional else f"const at::Tensor& {a.name}"
+            return f"const std::optional<Tensor>& {a.name}" if a.optional else f"const Tensor& {a.name}"
         return f"{_TORCH_ATTR[a.kind]} {a.name}"
 
     forward_params = [params(a) for a in sig.args]
-    check_call = ", ".join(f"{t.name}.value_or(at::Tensor())" if t.optional else t.name for t in sig.tensors)
+    check_call = ", ".join(f"{t.name}.value_or(Tensor())" if t.optional else t.name for t in sig.tensors)
     prepared = "\n".join(
-        f"  const at::Tensor {t.name}_in = torch_glue::prepared({t.name}{'' if t.dtype else ', compute'});"
+        f"  const Tensor {t.name}_in = torch_glue::prepared({t.name}{'' if t.dtype else ', compute'});"
         for t in sig.tensors)
-    core_call = wrap("core_args<scalar_t>(", [f"{a.name}_in" if a.is_tensor else a.name for a in sig.args], "),",
-                      indent=8)
+    core_call = wrap("core_args<F>(", [f"{a.name}_in" if a.is_tensor else a.name for a in sig.args], "),", indent=8)
 
     def returns(n):
-        return "at::Tensor" if n == 1 else "std::tuple<" + ", ".join(["at::Tensor"] * n) + ">"
+        return "Tensor" if n == 1 else "std::tuple<" + ", ".join(["Tensor"] * n) + ">"
 
     def converted(n):
-        items = [f"outputs[{k}].to(dtype)" for k in range(n)]
+        items = [f"opforge::to_dtype(outputs[{k}], dtype)" for k in range(n)]
         return items[0] if n == 1 else "{" + ", ".join(items) + "}"
 
     n_out = len(sig.outputs)
@@ -293,15 +313,14 @@ def torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
                              "(float ones in the compute type), the outputs converted back to the inputs' dtype.", 0)}
 {wrap(f"{returns(n_out)} {sig.name}_cpu(", forward_params, ") {")}
   check_args({check_call});
-  const at::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
+  const opforge::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
 {prepared}
-  std::vector<at::Tensor> outputs({n_out});
-  AT_DISPATCH_FLOATING_TYPES(compute, "{pkg}::{sig.name}", [&] {{
+  std::vector<Tensor> outputs({n_out});
+  opforge::dispatch_compute(compute, kOp, [&]<typename F>() {{  // F: float or double
     const std::string err = core::{sig.name}_forward(
         {core_call}
-        torch_glue::Allocator<scalar_t>{{&outputs, {x}.options().dtype(compute), kOp, "{sig.name}_forward"}},
-        torch_glue::ParallelFor{{}});
-    TORCH_CHECK_VALUE(err.empty(), kOp, ": ", err);
+        torch_glue::Allocator<F>{{&outputs, {x}, compute, kOp, "{sig.name}_forward"}}, torch_glue::ParallelFor{{}});
+    opforge::check(err.empty(), kOp, ": ", err);
   }});
   torch_glue::check_allocated(outputs, kOp, "{sig.name}_forward");
   return {converted(n_out)};
@@ -314,8 +333,7 @@ def torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
         "TORCH_CORE_ARGS_BODY": "\n".join(body),
         "TORCH_FORWARD": forward.rstrip("\n"),
         "TORCH_SHAPE_RULE": rule.rstrip("\n"),
-        "TORCH_DEF_SHAPE_RULE": "\n  " + wrap("m.def(", literal_pieces(rule_def, 98),
-                                               f", &{pkg}::{sig.name}_output_shapes);", indent=2, sep=""),
+        "TORCH_SHAPE_RULE_REGISTRATION": rule_registration,
         "TORCH_BACKWARD": "",
         "TORCH_BACKWARD_NOTE": "",
         "TORCH_DEF": _def_line(sig.schema),
@@ -324,10 +342,10 @@ def torch_blocks(sig: OpSignature, pkg: str, camel: str) -> dict:
     }
     if sig.backward == "cpp":
         n_grad = len(sig.grad_inputs)
-        grad_params = [f"const at::Tensor& grad_{o}" for o in sig.outputs]
-        grad_prepared = "\n".join(f"  const at::Tensor grad_{o}_in = torch_glue::prepared(grad_{o}, compute);"
+        grad_params = [f"const Tensor& grad_{o}" for o in sig.outputs]
+        grad_prepared = "\n".join(f"  const Tensor grad_{o}_in = torch_glue::prepared(grad_{o}, compute);"
                                   for o in sig.outputs)
-        grads_set = "\n".join(f"    grads.{o} = torch_glue::input<scalar_t>(grad_{o}_in);" for o in sig.outputs)
+        grads_set = "\n".join(f"    grads.{o} = torch_glue::input<F>(grad_{o}_in);" for o in sig.outputs)
         names = ", ".join(a.name for a in sig.grad_inputs)
         blocks["TORCH_BACKWARD"] = f"""
 constexpr const char* kBackwardOp = "{pkg}::_{sig.name}_backward";
@@ -336,18 +354,18 @@ constexpr const char* kBackwardOp = "{pkg}::_{sig.name}_backward";
              f"gradients (core::{sig.name}_backward). Autograd calls it; it has no derivative of its own.", 0)}
 {wrap(f"{returns(n_grad)} {sig.name}_backward_cpu(", grad_params + forward_params, ") {")}
   check_args({check_call});
-  const at::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
+  const opforge::ScalarType dtype = {x}.scalar_type(), compute = torch_glue::compute_type(dtype);
 {prepared}
 {grad_prepared}
-  std::vector<at::Tensor> outputs({n_grad});
-  AT_DISPATCH_FLOATING_TYPES(compute, "{pkg}::_{sig.name}_backward", [&] {{
-    core::{camel}Grads<scalar_t> grads;
+  std::vector<Tensor> outputs({n_grad});
+  opforge::dispatch_compute(compute, kBackwardOp, [&]<typename F>() {{  // F: float or double
+    core::{camel}Grads<F> grads;
 {grads_set}
     const std::string err = core::{sig.name}_backward(
         {core_call[:-1]}, grads,
-        torch_glue::Allocator<scalar_t>{{&outputs, {x}.options().dtype(compute), kBackwardOp, "{sig.name}_backward"}},
+        torch_glue::Allocator<F>{{&outputs, {x}, compute, kBackwardOp, "{sig.name}_backward"}},
         torch_glue::ParallelFor{{}});
-    TORCH_CHECK_VALUE(err.empty(), kBackwardOp, ": ", err);
+    opforge::check(err.empty(), kBackwardOp, ": ", err);
   }});
   torch_glue::check_allocated(outputs, kBackwardOp, "{sig.name}_backward");
   return {converted(n_grad)};
@@ -355,7 +373,8 @@ constexpr const char* kBackwardOp = "{pkg}::_{sig.name}_backward";
 """
         blocks["TORCH_BACKWARD_NOTE"] = f"\n// Also the backward op _{sig.name}_backward and its CPU kernel (--backward cpp)."
         blocks["TORCH_DEF_BACKWARD"] = "\n  " + _def_line(_canonical(sig.backward_schema))
-        blocks["TORCH_IMPL_BACKWARD"] = f'\n  m.impl("_{sig.name}_backward", &{pkg}::{sig.name}_backward_cpu);'
+        blocks["TORCH_IMPL_BACKWARD"] = (f'\n  m.impl("_{sig.name}_backward", '
+                                         f"TORCH_BOX(&{pkg}::{sig.name}_backward_cpu));")
     return blocks
 
 

@@ -87,13 +87,14 @@ def _doc(text: str, indent: int = 4, width: int = 100) -> str:
                          break_on_hyphens=False)
 
 
-def _raise_type_error(condition: str, *message: str) -> list:
-    """``if condition: raise TypeError(f"..." f"...")`` lines, the message's literals wrapped."""
+def _raise_input_error(condition: str, *message: str) -> list:
+    """``if condition: raise opforge.OpInputError(f"..." f"...")`` lines, the message's literals
+    wrapped. OpInputError: a RuntimeError, what the kernels raise, and a TypeError and a ValueError."""
     inner = "".join(m[2:-1] if m.startswith("f") else m[1:-1] for m in message)
     merged = ("f" if any(m.startswith("f") for m in message) else "") + f'"{inner}"'
-    if len(f"        raise TypeError({merged})") <= 110:
+    if len(f"        raise opforge.OpInputError({merged})") <= 110:
         message = (merged,)
-    return [f"    if {condition}:", "        " + wrap("raise TypeError(", message, ")", indent=8, sep="")]
+    return [f"    if {condition}:", "        " + wrap("raise opforge.OpInputError(", message, ")", indent=8, sep="")]
 
 
 def description(sig: OpSignature) -> str:
@@ -108,18 +109,18 @@ def _py_blocks(sig: OpSignature, pkg: str) -> dict:
     x = sig.primary.name
     names = [a.name for a in sig.args]
     tensors = sig.tensors
-    checks = _raise_type_error(f"{x}.dtype not in _FLOATS", f'f"{{_OP}}: {x} has dtype {{{x}.dtype}}; "',
+    checks = _raise_input_error(f"{x}.dtype not in _FLOATS", f'f"{{_OP}}: {x} has dtype {{{x}.dtype}}; "',
                                '"supported dtypes are float32, float64, float16 and bfloat16"')
     for t in tensors:
         if t is sig.primary:
             continue
         given = f"{t.name} is not None and " if t.optional else ""
         if t.dtype is None:
-            checks += _raise_type_error(f"{given}{t.name}.dtype != {x}.dtype",
+            checks += _raise_input_error(f"{given}{t.name}.dtype != {x}.dtype",
                                         f'f"{{_OP}}: {t.name} has dtype {{{t.name}.dtype}} "',
                                         f'f"but {x} has dtype {{{x}.dtype}}; they must match"')
         else:
-            checks += _raise_type_error(f"{given}{t.name}.dtype != {OWN_DTYPES[t.dtype][2]}",
+            checks += _raise_input_error(f"{given}{t.name}.dtype != {OWN_DTYPES[t.dtype][2]}",
                                         f'f"{{_OP}}: {t.name} has dtype {{{t.name}.dtype}} "',
                                         f'"but must be {t.dtype}"')
     checks.append("    " + wrap("opforge.check_same_device(", ["_OP"] + [f"{t.name}={t.name}" for t in tensors], ")",
@@ -250,7 +251,7 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_FAKE_DEF": wrap("def _fake(", names, "):"),
         "PY_CHECK_DEF": wrap("def _check(", [t.name for t in tensors], ") -> None:"),
         "PY_CHECK_CALL": wrap("_check(", [t.name for t in tensors], ")", indent=4),
-        "PY_WRAPPER_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", names, ")", indent=4),
+        "PY_WRAPPER_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", names, ")", indent=8),
         "PY_MODULE_RETURN": wrap(f"return torch.ops.{pkg}.{sig.name}(", call, ")", indent=8),
         "PY_DOC_SCHEMA": _doc(sig.schema, indent=8),
         "PY_DOC_DESCRIPTION": _doc(description(sig), 0),
@@ -267,9 +268,8 @@ torch.library.register_autograd("{pkg}::_{sig.name}_backward", _no_double_backwa
         "PY_EXAMPLE_ARGS": examples,
         "PY_SPEC_ARGS": "\n".join(spec_args),
         "PY_SPEC_OUTPUTS": outputs,
-        "PY_SPEC_HELPER_OPS": f'\n    helper_ops=("_{sig.name}_backward", "_{sig.name}_output_shapes"),  # C++ '
-                              "helper ops, never exported" if sig.backward == "cpp" else
-        f'\n    helper_ops=("_{sig.name}_output_shapes",),  # the shape rule op, never exported',
+        "PY_SPEC_HELPER_OPS": f'\n    helper_ops=("_{sig.name}_backward",),  # a C++ helper op, never exported'
+        if sig.backward == "cpp" else "",
         "PY_WRAPPER_DEF": wrap(f"def {sig.name}(", _py_params(wrapper), f"){returns}:"),
         "PY_MODULE_INIT_DEF": wrap("def __init__(", ["self"] + _py_params(init), "):", indent=4),
         "PY_MODULE_INIT_BODY": init_body,

@@ -8,15 +8,16 @@ import keyword
 from dataclasses import dataclass
 from typing import Optional
 
-#: Element types ``--dtypes`` accepts for a tensor input: (C++ element type, ATen scalar type,
-#: torch dtype). The op's float inputs need no declaration (float32/64/16, bfloat16).
+#: Element types ``--dtypes`` accepts for a tensor input: (C++ element type, torch's scalar type in
+#: the stable-ABI glue (opforge/torch_op.h), torch dtype). The op's float inputs need no declaration
+#: (float32/64/16, bfloat16).
 OWN_DTYPES = {
-    "int64": ("int64_t", "at::kLong", "torch.int64"),
-    "int32": ("int32_t", "at::kInt", "torch.int32"),
-    "int16": ("int16_t", "at::kShort", "torch.int16"),
-    "int8": ("int8_t", "at::kChar", "torch.int8"),
-    "uint8": ("uint8_t", "at::kByte", "torch.uint8"),
-    "bool": ("bool", "at::kBool", "torch.bool"),
+    "int64": ("int64_t", "opforge::ScalarType::Long", "torch.int64"),
+    "int32": ("int32_t", "opforge::ScalarType::Int", "torch.int32"),
+    "int16": ("int16_t", "opforge::ScalarType::Short", "torch.int16"),
+    "int8": ("int8_t", "opforge::ScalarType::Char", "torch.int8"),
+    "uint8": ("uint8_t", "opforge::ScalarType::Byte", "torch.uint8"),
+    "bool": ("bool", "opforge::ScalarType::Bool", "torch.bool"),
 }
 
 BACKWARDS = ("python", "cpp")

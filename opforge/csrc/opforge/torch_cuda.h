@@ -6,7 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
-// The CUDA shims (aoti_torch_get_current_cuda_stream, in libtorch_cuda) are declared under USE_CUDA.
+// The CUDA shims (aoti_torch_get_current_cuda_stream, in libtorch_cuda) are declared under USE_CUDA,
+// which opforge.build.TorchLibrary defines for the CUDA part's sources (so the include order does not
+// matter); defined here too for a build by hand that includes this header first.
 #ifndef USE_CUDA
 #define USE_CUDA
 #endif

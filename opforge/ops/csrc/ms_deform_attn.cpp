@@ -1,19 +1,13 @@
 // CPU kernels of opforge::ms_deform_attn (multi-scale deformable attention,
 // mmcv's argument order) and its backward: the shared core
-// (core/ms_deform_attn.h) on ATen's intra-op pool, forward over queries,
+// (core/ms_deform_attn.h) on torch's intra-op pool, forward over queries,
 // backward over (image, head) pairs. The schemas of the op family live here.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
-
 #include <tuple>
 #include <vector>
 
 #include "core/ms_deform_attn.h"
 #include "ms_deform_attn_args.h"
+#include "opforge/torch_op.h"
 #include "opforge/torch_shape_rule.h"
 
 namespace opforge {
@@ -23,51 +17,48 @@ using core::MsDeformAttnParams;
 
 // The tensor the kernels read: contiguous, and float32 for the 16-bit dtypes
 // (widened once, so every sample is a plain float load; results are rounded once).
-at::Tensor in_compute_dtype(const at::Tensor& x) {
-  const at::ScalarType t = x.scalar_type();
-  return (t == at::kHalf || t == at::kBFloat16 ? x.to(at::kFloat) : x).contiguous();
-}
+Tensor in_compute_dtype(const Tensor& x) { return prepared(x, compute_type(x.scalar_type())); }
 
 // float32 / float64 tensors, contiguous, already checked.
-at::Tensor forward_cpu(const MsDeformAttnParams& p, const at::Tensor& value, const at::Tensor& spatial_shapes,
-                       const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                       const at::Tensor& attention_weights) {
-  at::Tensor out = at::empty({p.batch, p.queries, p.heads * p.channels}, value.options());
+Tensor forward_cpu(const MsDeformAttnParams& p, const Tensor& value, const Tensor& spatial_shapes,
+                   const Tensor& level_start_index, const Tensor& sampling_locations,
+                   const Tensor& attention_weights) {
+  Tensor out = empty_tensor({p.batch, p.queries, p.heads * p.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "opforge::ms_deform_attn", [&] {
-    const scalar_t* v = value.const_data_ptr<scalar_t>();
-    const int64_t* shapes = spatial_shapes.const_data_ptr<int64_t>();
-    const int64_t* starts = level_start_index.const_data_ptr<int64_t>();
-    const scalar_t* loc = sampling_locations.const_data_ptr<scalar_t>();
-    const scalar_t* attn = attention_weights.const_data_ptr<scalar_t>();
-    scalar_t* o = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, p.batch * p.queries, core::ms_deform_attn_forward_grain(p), [&](int64_t begin, int64_t end) {
+  dispatch_compute(value.scalar_type(), "opforge::ms_deform_attn", [&]<typename T>() {
+    const T* v = data<T>(value);
+    const int64_t* shapes = data<int64_t>(spatial_shapes);
+    const int64_t* starts = data<int64_t>(level_start_index);
+    const T* loc = data<T>(sampling_locations);
+    const T* attn = data<T>(attention_weights);
+    T* o = mutable_data<T>(out);
+    parallel_for(0, p.batch * p.queries, core::ms_deform_attn_forward_grain(p), [&](int64_t begin, int64_t end) {
       core::ms_deform_attn_forward(p, v, shapes, starts, loc, attn, o, begin, end);
     });
   });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const MsDeformAttnParams& p, const at::Tensor& grad_output,
-                                                             const at::Tensor& value, const at::Tensor& spatial_shapes,
-                                                             const at::Tensor& level_start_index,
-                                                             const at::Tensor& sampling_locations,
-                                                             const at::Tensor& attention_weights) {
-  at::Tensor grad_value = at::zeros(value.sizes(), value.options());
-  at::Tensor grad_loc = at::empty(sampling_locations.sizes(), value.options());
-  at::Tensor grad_attn = at::empty(attention_weights.sizes(), value.options());
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(const MsDeformAttnParams& p, const Tensor& grad_output,
+                                                const Tensor& value, const Tensor& spatial_shapes,
+                                                const Tensor& level_start_index, const Tensor& sampling_locations,
+                                                const Tensor& attention_weights) {
+  const ScalarType t = value.scalar_type();
+  Tensor grad_value = zeros_as(value);
+  Tensor grad_loc = empty_as(sampling_locations, t);
+  Tensor grad_attn = empty_as(attention_weights, t);
   if (grad_loc.numel() == 0) return {grad_value, grad_loc, grad_attn};
-  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "opforge::_ms_deform_attn_backward", [&] {
-    const scalar_t* g = grad_output.const_data_ptr<scalar_t>();
-    const scalar_t* v = value.const_data_ptr<scalar_t>();
-    const int64_t* shapes = spatial_shapes.const_data_ptr<int64_t>();
-    const int64_t* starts = level_start_index.const_data_ptr<int64_t>();
-    const scalar_t* loc = sampling_locations.const_data_ptr<scalar_t>();
-    const scalar_t* attn = attention_weights.const_data_ptr<scalar_t>();
-    scalar_t* gv = grad_value.mutable_data_ptr<scalar_t>();
-    scalar_t* gl = grad_loc.mutable_data_ptr<scalar_t>();
-    scalar_t* ga = grad_attn.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  dispatch_compute(t, "opforge::_ms_deform_attn_backward", [&]<typename T>() {
+    const T* g = data<T>(grad_output);
+    const T* v = data<T>(value);
+    const int64_t* shapes = data<int64_t>(spatial_shapes);
+    const int64_t* starts = data<int64_t>(level_start_index);
+    const T* loc = data<T>(sampling_locations);
+    const T* attn = data<T>(attention_weights);
+    T* gv = mutable_data<T>(grad_value);
+    T* gl = mutable_data<T>(grad_loc);
+    T* ga = mutable_data<T>(grad_attn);
+    parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
       core::ms_deform_attn_backward(p, g, v, shapes, starts, loc, attn, gv, gl, ga, begin, end);
     });
   });
@@ -76,55 +67,56 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const MsDeformAttnPa
 
 }  // namespace
 
-at::Tensor ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial_shapes,
-                              const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                              const at::Tensor& attention_weights, int64_t im2col_step) {
+Tensor ms_deform_attn_cpu(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
+                          const Tensor& sampling_locations, const Tensor& attention_weights, int64_t im2col_step) {
   const MsDeformAttnParams p = ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations,
                                                          attention_weights, im2col_step);
-  const at::Tensor shapes = spatial_shapes.contiguous(), starts = level_start_index.contiguous();
+  const Tensor shapes = prepared(spatial_shapes), starts = prepared(level_start_index);
   ms_deform_attn_check_levels(p, shapes, starts);
-  return forward_cpu(p, in_compute_dtype(value), shapes, starts, in_compute_dtype(sampling_locations),
-                     in_compute_dtype(attention_weights))
-      .to(value.scalar_type());
+  return to_dtype(forward_cpu(p, in_compute_dtype(value), shapes, starts, in_compute_dtype(sampling_locations),
+                              in_compute_dtype(attention_weights)),
+                  value.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
-    const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
-    int64_t im2col_step) {
+std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cpu(const Tensor& grad_output, const Tensor& value,
+                                                               const Tensor& spatial_shapes,
+                                                               const Tensor& level_start_index,
+                                                               const Tensor& sampling_locations,
+                                                               const Tensor& attention_weights, int64_t im2col_step) {
   const MsDeformAttnParams p = ms_deform_attn_check_args(value, spatial_shapes, level_start_index, sampling_locations,
                                                          attention_weights, im2col_step, &grad_output);
-  const at::Tensor shapes = spatial_shapes.contiguous(), starts = level_start_index.contiguous();
+  const Tensor shapes = prepared(spatial_shapes), starts = prepared(level_start_index);
   ms_deform_attn_check_levels(p, shapes, starts);
   auto [grad_value, grad_loc, grad_attn] =
       backward_cpu(p, in_compute_dtype(grad_output), in_compute_dtype(value), shapes, starts,
                    in_compute_dtype(sampling_locations), in_compute_dtype(attention_weights));
-  const at::ScalarType t = value.scalar_type();
-  return {grad_value.to(t), grad_loc.to(t), grad_attn.to(t)};
+  const ScalarType t = value.scalar_type();
+  return {to_dtype(grad_value, t), to_dtype(grad_loc, t), to_dtype(grad_attn, t)};
 }
 
-// The shape rule (core::ms_deform_attn_output_shapes) as the tensor-free op
-// opforge::_ms_deform_attn_output_shapes, on SymInt sizes: the fake impl and ONNX
-// shape inference call it through opforge.ShapeRule (ms_deform_attn.py).
-std::vector<c10::SymInt> ms_deform_attn_output_shapes(c10::SymIntArrayRef value, c10::SymIntArrayRef spatial_shapes,
-                                                      c10::SymIntArrayRef level_start_index,
-                                                      c10::SymIntArrayRef sampling_locations,
-                                                      c10::SymIntArrayRef attention_weights, int64_t im2col_step) {
-  core::MsDeformAttnShapes<c10::SymInt> in;
-  in.value = rule_shape(value);
-  in.spatial_shapes = rule_shape(spatial_shapes);
-  in.level_start_index = rule_shape(level_start_index);
-  in.sampling_locations = rule_shape(sampling_locations);
-  in.attention_weights = rule_shape(attention_weights);
-  in.im2col_step = im2col_step;
-  return run_shape_rule(in, core::ms_deform_attn_output_shapes<c10::SymInt>);
+namespace {
+
+// The shape rule (core::ms_deform_attn_output_shapes), which the fake impl and ONNX shape
+// inference run through opforge.ShapeRule (ms_deform_attn.py).
+std::string ms_deform_attn_rule(const RuleArgs& args, RuleShapes& out) {
+  core::MsDeformAttnShapes<RuleDim> in;
+  in.value = args.shape(0);
+  in.spatial_shapes = args.shape(1);
+  in.level_start_index = args.shape(2);
+  in.sampling_locations = args.shape(3);
+  in.attention_weights = args.shape(4);
+  in.im2col_step = args.integer(5);
+  return core::ms_deform_attn_output_shapes(in, out);
 }
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
-  m.def(
-      "_ms_deform_attn_output_shapes(SymInt[] value, SymInt[] spatial_shapes, SymInt[] level_start_index, "
-      "SymInt[] sampling_locations, SymInt[] attention_weights, int im2col_step) -> SymInt[]",
-      &ms_deform_attn_output_shapes);
+}  // namespace
+
+OPFORGE_SHAPE_RULE(opforge, _ms_deform_attn_output_shapes,
+                   "(SymInt[] value, SymInt[] spatial_shapes, SymInt[] level_start_index, "
+                   "SymInt[] sampling_locations, SymInt[] attention_weights, int im2col_step)",
+                   ms_deform_attn_rule);
+
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
       "ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
       "Tensor attention_weights, int im2col_step) -> Tensor");
@@ -133,9 +125,9 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "Tensor sampling_locations, Tensor attention_weights, int im2col_step) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("ms_deform_attn", &ms_deform_attn_cpu);
-  m.impl("_ms_deform_attn_backward", &ms_deform_attn_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("ms_deform_attn", TORCH_BOX(&ms_deform_attn_cpu));
+  m.impl("_ms_deform_attn_backward", TORCH_BOX(&ms_deform_attn_backward_cpu));
 }
 
 }  // namespace opforge

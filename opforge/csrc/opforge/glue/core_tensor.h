@@ -35,10 +35,11 @@ struct Input {
   }
 };
 
-// A tensor input's shape as a shape rule reads it (Dim: int64_t in the kernels, c10::SymInt in
-// torch's fake impl), how messages print it ("[2, 3]"; a symbolic dim as its expression, e.g. s0),
-// message(...) to build an error from strings, numbers, dims and shapes, and known(dim) (a dim's
-// number, when it is not symbolic): opforge's own ops' (core/shape.h), one definition for both.
+// A tensor input's shape as a shape rule reads it (Dim: int64_t in the kernels, opforge::RuleDim, a
+// size that may be symbolic, in torch's fake impl), how messages print it ("[2, 3]"; a symbolic dim
+// as its expression, e.g. s0), message(...) to build an error from strings, numbers, dims and
+// shapes, and known(dim) (a dim's number, when it is not symbolic): opforge's own ops'
+// (core/shape.h), one definition for both.
 using ::opforge::core::known;
 using ::opforge::core::message;
 using ::opforge::core::Shape;

@@ -4,69 +4,71 @@
 // suppression mask (core/cuda/nms_rotated.cuh) in row chunks of bounded
 // memory, and each chunk is reduced greedily on the host. The kept indices are
 // returned on the boxes' device.
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-
 #include <algorithm>
 #include <vector>
 
-#include "nms_rotated_args.h"
+// First: it declares the CUDA shims (USE_CUDA) before any torch header includes shim.h.
 #include "opforge/torch_cuda.h"
+
+#include "nms_rotated_args.h"
 
 namespace opforge {
 namespace {
 
-at::Tensor nms_cuda(const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor* idxs,
-                    double iou_threshold) {
+// A copy on `like`'s device of the host buffer `values` (shape `shape`, row-major, `dtype`);
+// synchronous, so the buffer may go once it returns.
+Tensor nms_rotated_to_device(void* values, const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  const Tensor host = torch::stable::from_blob(values, IntList(shape), IntList(strides),
+                                               torch::stable::Device(torch::headeronly::DeviceType::CPU), dtype);
+  return torch::stable::to(host, like.device());
+}
+
+Tensor nms_cuda(const Tensor& boxes, const Tensor& scores, const Tensor* idxs, double iou_threshold) {
   const core::NmsRotatedParams p = nms_rotated_check_args(boxes, scores, idxs, iou_threshold);
-  const c10::cuda::CUDAGuard guard(boxes.device());
+  const CudaDeviceGuard guard(boxes);
   core::NmsRotatedPlan plan = nms_rotated_host_plan(p, boxes, scores, idxs);
   const int64_t n = p.boxes;
   std::vector<int64_t> keep;
   if (n > 0) {
     static_assert(sizeof(core::RotatedBoxGeometry) == 8 * sizeof(double), "geometry is 8 doubles");
-    const auto device = boxes.options().device(boxes.device());
-    const at::Tensor geometry =
-        at::from_blob(plan.geometry.data(), {n, 8}, at::TensorOptions().dtype(at::kDouble)).to(device.dtype(at::kDouble));
-    at::Tensor labels;
-    if (p.batched)
-      labels = at::from_blob(plan.labels.data(), {n}, at::TensorOptions().dtype(at::kLong)).to(device.dtype(at::kLong));
+    const Tensor geometry = nms_rotated_to_device(plan.geometry.data(), {n, 8}, ScalarType::Double, boxes);
+    Tensor labels;
+    if (p.batched) labels = nms_rotated_to_device(plan.labels.data(), {n}, ScalarType::Long, boxes);
     const int64_t words = core::nms_rotated_words(n), chunk = core::nms_rotated_chunk_rows(n);
-    at::Tensor mask = at::empty({chunk * words}, device.dtype(at::kLong));
+    const Tensor mask = empty_tensor({chunk * words}, ScalarType::Long, boxes);
     std::vector<uint64_t> removed(static_cast<size_t>(words), 0);
     const cudaStream_t stream = current_stream(boxes);
     for (int64_t row = 0; row < n; row += chunk) {
       const int64_t rows = std::min(chunk, n - row);
-      check_launch(core::cuda::nms_rotated_mask(
-                       n, row, rows, reinterpret_cast<const core::RotatedBoxGeometry*>(geometry.const_data_ptr<double>()),
-                       p.batched ? labels.const_data_ptr<int64_t>() : nullptr, static_cast<double>(p.iou_threshold),
-                       reinterpret_cast<uint64_t*>(mask.mutable_data_ptr<int64_t>()), stream),
+      check_launch(core::cuda::nms_rotated_mask(n, row, rows,
+                                                reinterpret_cast<const core::RotatedBoxGeometry*>(data<double>(geometry)),
+                                                p.batched ? data<int64_t>(labels) : nullptr,
+                                                static_cast<double>(p.iou_threshold),
+                                                reinterpret_cast<uint64_t*>(mutable_data<int64_t>(mask)), stream),
                    core::nms_rotated_op_name(p.batched).c_str());
-      const at::Tensor host = mask.narrow(0, 0, rows * words).to(at::kCPU);
-      core::nms_rotated_reduce_mask(reinterpret_cast<const uint64_t*>(host.const_data_ptr<int64_t>()), row,
-                                    row + rows, words, plan.order, removed, keep);
+      const Tensor host = to_cpu(narrowed(mask, 0, 0, rows * words));
+      core::nms_rotated_reduce_mask(reinterpret_cast<const uint64_t*>(data<int64_t>(host)), row, row + rows, words,
+                                    plan.order, removed, keep);
     }
   }
-  return nms_rotated_keep_tensor(keep, boxes.device());
+  return nms_rotated_keep_tensor(keep, boxes);
 }
 
 }  // namespace
 
-at::Tensor nms_rotated_cuda(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
+Tensor nms_rotated_cuda(const Tensor& boxes, const Tensor& scores, double iou_threshold) {
   return nms_cuda(boxes, scores, nullptr, iou_threshold);
 }
 
-at::Tensor batched_nms_rotated_cuda(const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
-                                    double iou_threshold) {
+Tensor batched_nms_rotated_cuda(const Tensor& boxes, const Tensor& scores, const Tensor& idxs, double iou_threshold) {
   return nms_cuda(boxes, scores, &idxs, iou_threshold);
 }
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("nms_rotated", &nms_rotated_cuda);
-  m.impl("batched_nms_rotated", &batched_nms_rotated_cuda);
+STABLE_TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("nms_rotated", TORCH_BOX(&nms_rotated_cuda));
+  m.impl("batched_nms_rotated", TORCH_BOX(&batched_nms_rotated_cuda));
 }
 
 }  // namespace opforge

@@ -5,27 +5,24 @@
 // loops by them, so they must be known good before they run). 16-bit dtypes
 // compute in float32; grad_input accumulates (atomics) in a float32 buffer for
 // them and is rounded once.
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include <vector>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-
+// First: it declares the CUDA shims (USE_CUDA) before any torch header includes shim.h.
 #include "opforge/torch_cuda.h"
+
 #include "roi_align_rotated_args.h"
 
 namespace opforge {
 
-at::Tensor roi_align_rotated_cuda(const at::Tensor& input, const at::Tensor& rois, int64_t output_height,
-                                  int64_t output_width, double spatial_scale, int64_t sampling_ratio, bool aligned,
-                                  bool clockwise) {
+Tensor roi_align_rotated_cuda(const Tensor& input, const Tensor& rois, int64_t output_height, int64_t output_width,
+                              double spatial_scale, int64_t sampling_ratio, bool aligned, bool clockwise) {
   const core::RoiAlignRotatedParams p = roi_align_rotated_check_args(
-      input, input.sizes(), rois, output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise);
-  const c10::cuda::CUDAGuard guard(input.device());
+      input, sizes_of(input), rois, output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise);
+  const CudaDeviceGuard guard(input);
   roi_align_rotated_checked_rois(p, rois);
-  at::Tensor out = at::empty({p.rois, p.channels, p.pooled_h, p.pooled_w}, input.options());
+  Tensor out = empty_tensor({p.rois, p.channels, p.pooled_h, p.pooled_w}, input.scalar_type(), input);
   if (out.numel() == 0) return out;
-  const at::Tensor x = input.contiguous(), r = rois.contiguous();
+  const Tensor x = prepared(input), r = prepared(rois);
   check_launch(core::cuda::roi_align_rotated_forward(gpu_dtype(input.scalar_type()), p, x.const_data_ptr(),
                                                      r.const_data_ptr(), out.mutable_data_ptr(),
                                                      current_stream(input)),
@@ -33,30 +30,28 @@ at::Tensor roi_align_rotated_cuda(const at::Tensor& input, const at::Tensor& roi
   return out;
 }
 
-at::Tensor roi_align_rotated_backward_cuda(const at::Tensor& grad_output, const at::Tensor& rois,
-                                           at::IntArrayRef input_size, int64_t output_height, int64_t output_width,
-                                           double spatial_scale, int64_t sampling_ratio, bool aligned,
-                                           bool clockwise) {
+Tensor roi_align_rotated_backward_cuda(const Tensor& grad_output, const Tensor& rois, std::vector<int64_t> input_size,
+                                       int64_t output_height, int64_t output_width, double spatial_scale,
+                                       int64_t sampling_ratio, bool aligned, bool clockwise) {
   const core::RoiAlignRotatedParams p =
       roi_align_rotated_check_args(grad_output, input_size, rois, output_height, output_width, spatial_scale,
                                    sampling_ratio, aligned, clockwise, &grad_output);
-  const c10::cuda::CUDAGuard guard(grad_output.device());
+  const CudaDeviceGuard guard(grad_output);
   roi_align_rotated_checked_rois(p, rois);
-  const at::ScalarType t = grad_output.scalar_type();
-  const bool narrow = t == at::kHalf || t == at::kBFloat16;
-  at::Tensor grad_input = at::zeros(input_size, grad_output.options().dtype(narrow ? at::kFloat : t));
+  const ScalarType t = grad_output.scalar_type();
+  Tensor grad_input = zeros_tensor(input_size, compute_type(t), grad_output);
   if (grad_output.numel() > 0) {
-    const at::Tensor g = grad_output.contiguous(), r = rois.contiguous();
+    const Tensor g = prepared(grad_output), r = prepared(rois);
     check_launch(core::cuda::roi_align_rotated_backward(gpu_dtype(t), p, g.const_data_ptr(), r.const_data_ptr(),
                                                         grad_input.mutable_data_ptr(), current_stream(grad_output)),
                  "opforge::roi_align_rotated backward");
   }
-  return grad_input.to(t);
+  return to_dtype(grad_input, t);
 }
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("roi_align_rotated", &roi_align_rotated_cuda);
-  m.impl("_roi_align_rotated_backward", &roi_align_rotated_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("roi_align_rotated", TORCH_BOX(&roi_align_rotated_cuda));
+  m.impl("_roi_align_rotated_backward", TORCH_BOX(&roi_align_rotated_backward_cuda));
 }
 
 }  // namespace opforge

@@ -1,0 +1,74 @@
+"""One build of opforge for every torch from 2.10 on: this checkout's build (made with this venv's
+torch, 2.14.1), unchanged (its libraries' hashes are compared before and after), runs in throwaway
+venvs with other torch versions: every op's values and float64 gradients against its reference,
+opcheck, both exporters -> ONNX Runtime (opforge.testing's op checks, the same tests as here), and
+the stable-ABI library's own tests.
+
+CI runs torch 2.10.0 (the oldest the stable ABI targets) in the slow tier. All three:
+
+    OPFORGE_TORCH_MATRIX=2.10.0,2.12.1,2.15.0 bash scripts/run_tests.sh tests/test_torch_matrix.py
+
+(torch wheels are CUDA builds, 5-7 GB a venv; uv links them from its cache: ~70 s cold, ~1 s warm.)"""
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from helpers import cached_venv
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_ROOT = ROOT / "build" / "torch-venvs"
+
+#: torch -> the torchvision built for it (None: none on the index yet; the checks that need
+#: torchvision as a reference then do not run there).
+TORCHVISION = {"2.10.0": "0.25.0", "2.11.0": "0.26.0", "2.12.1": "0.27.1", "2.13.0": "0.28.0", "2.15.0": None}
+VERSIONS = [v.strip() for v in os.environ.get("OPFORGE_TORCH_MATRIX", "2.10.0").split(",") if v.strip()]
+# The pinned rest of the stack (requirements.txt), so a difference is torch's alone.
+STACK = ["numpy==2.4.6", "onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7.2", "onnx_ir==1.1.0",
+         "pytest==9.2.0"]
+
+#: The checks run there: every op's opforge.testing checks (opcheck, gradcheck in float64, values
+#: against the reference, both exporters -> ORT, bad inputs) and the stable library's tests.
+COMPAT_TESTS = [
+    "tests/test_check_op.py::test_my_add", "tests/test_check_op.py::test_deform_conv2d",
+    "tests/test_ms_deform_attn.py::test_check_op", "tests/test_roi_align_rotated.py::test_check_op",
+    "tests/test_nms_rotated.py::test_check_op_nms_rotated", "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated",
+    "tests/test_torch_library.py", "tests/test_torch_compile.py",
+]
+NEEDS_TORCHVISION = {"tests/test_roi_align_rotated.py::test_check_op", "tests/test_nms_rotated.py::test_check_op_nms_rotated",
+                     "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated"}
+
+
+def _built_libraries() -> dict:
+    libs = sorted((ROOT / "opforge").glob("*.so")) + sorted((ROOT / "opforge" / "ort_kernels").glob("*.so"))
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in libs}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torch-matrix")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_this_build_works_in_another_torch(version):
+    if version == torch.__version__.split("+")[0]:
+        pytest.skip(f"torch {version} is this venv's: the whole suite is its check")
+    if not Path(opforge.__file__).resolve().is_relative_to(ROOT):
+        pytest.skip("opforge is not this checkout's build")
+    vision = TORCHVISION.get(version)
+    requirements = [f"torch=={version}", *STACK] + ([f"torchvision=={vision}"] if vision else [])
+    python = cached_venv(VENV_ROOT / f"torch-{version}", requirements, what=f"torch {version}")
+    before = _built_libraries()
+    assert "libopforge_torch.so" in before
+    tests = [t for t in COMPAT_TESTS if vision or t not in NEEDS_TORCHVISION]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPFORGE_TORCH_MATRIX_RUN": version}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    run = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *tests], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=3000)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    print(f"torch {version}: {summary}")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in summary and "failed" not in summary, summary
+    assert _built_libraries() == before, "the libraries were rebuilt or changed: the matrix must run this build"
