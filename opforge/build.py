@@ -1,7 +1,6 @@
-"""Build helpers for a package's own ops (and opforge's own build): the torch op library (on
-LibTorch's stable ABI: one build for every torch >= 2.10) and the ONNX Runtime custom-op library
-from the package's sources, with opforge's C++
-headers, ORT's headers and one CUDA switch.
+"""Build helpers for a package's own ops (and opforge's own build): the torch op library (LibTorch's
+stable ABI: one build for every torch >= 2.10) and the ONNX Runtime custom-op library, with
+opforge's C++ headers, ORT's headers and one CUDA switch.
 
 In a package's ``setup.py``::
 
@@ -24,11 +23,9 @@ torch again). ``OPFORGE_CUDA=auto|1|0`` decides about ``cuda_sources`` for every
 in a CUDA build ``OPFORGE_WITH_CUDA`` is defined. Objects are kept in ``build/`` and
 rebuilt by ninja only when their source or a header it includes changed.
 
-In a notebook, :func:`load` (torch op library) and :func:`load_ort_library` build and
-load the same sources just in time.
-
-This module imports nothing from the rest of opforge (opforge's own setup.py loads it
-by path, before opforge is built).
+In a notebook, :func:`load` and :func:`load_ort_library` build and load the same sources just
+in time. At import, this module imports nothing from the rest of opforge (opforge's own setup.py
+loads it by path, before opforge is built).
 """
 
 from __future__ import annotations
@@ -176,18 +173,14 @@ def resolve_cuda_home() -> None:
 def cuda_mode() -> str:
     """``OPFORGE_CUDA``: ``auto`` (default), ``1`` or ``0``."""
     mode = os.environ.get("OPFORGE_CUDA", "auto").strip().lower()
-    if mode in ("0", "off", "false", "no", ""):
-        return "0"
-    if mode in ("1", "on", "true", "yes"):
-        return "1"
-    if mode != "auto":
+    modes = {**dict.fromkeys(("0", "off", "false", "no", ""), "0"), **dict.fromkeys(("1", "on", "true", "yes"), "1")}
+    if mode not in (*modes, "auto"):
         raise ValueError(f"opforge: OPFORGE_CUDA={mode!r}; use auto, 1 or 0")
-    return "auto"
+    return modes.get(mode, "auto")
 
 
 def _site_packages() -> Path:
     import torch
-
     return Path(torch.__file__).resolve().parent.parent
 
 
@@ -229,7 +222,7 @@ def cuda_enabled() -> bool:
     mode = cuda_mode()
     if mode == "0":
         _CUDA_DECISION = False
-        return False
+        return _CUDA_DECISION
     resolve_cuda_home()
     import torch
     from torch.utils import cpp_extension
@@ -303,8 +296,7 @@ def ort_cxx_flags(std: str = "c++17") -> list[str]:
 
 def _is_temporary(path: str) -> bool:
     """A directory of an isolated build env (pip's or `python -m build`'s), deleted after the build."""
-    parts = os.path.realpath(path).split(os.sep)
-    return any(p.startswith(("pip-build-env-", "build-env-")) for p in parts)
+    return any(p.startswith(("pip-build-env-", "build-env-")) for p in os.path.realpath(path).split(os.sep))
 
 
 def rpath_flags(lib_dirs: Iterable[str], module_name: str) -> list[str]:
@@ -369,13 +361,11 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
     from setuptools import Extension
     from torch.utils import cpp_extension
 
-    torch_lib = cpp_extension.library_paths()[0]
-    cxx = stable_cxx_flags() + list(extra_cxx_flags)
+    torch_lib, cxx = cpp_extension.library_paths()[0], stable_cxx_flags() + list(extra_cxx_flags)
     incs = [str(CSRC_DIR), *include_dirs, *cpp_extension.include_paths()[:1]]
     link = ["-Wl,--as-needed", *sanitizer_flags(), *rpath_flags([torch_lib], name)]
-    srcs = _paths(sources)
     with_cuda = bool(cuda_sources) and cuda_enabled()
-    ext = Extension(name, sources=srcs, include_dirs=incs, define_macros=list(define_macros), language="c++",
+    ext = Extension(name, sources=_paths(sources), include_dirs=incs, define_macros=list(define_macros), language="c++",
                     library_dirs=[torch_lib], libraries=["torch_cpu"], extra_compile_args=cxx,
                     extra_link_args=link, py_limited_api=False)
     ext.opforge_plain_library = True
@@ -386,14 +376,13 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
         companion = Extension(
             part, sources=_paths(cuda_sources), include_dirs=incs + cuda_include_dirs(),
             define_macros=list(define_macros), language="c++", library_dirs=[torch_lib],
-            libraries=["torch_cpu", "torch_cuda"],  # torch_cuda: the CUDA shims (the current stream)
-            # USE_CUDA: the stable shims' CUDA declarations (the current stream), whatever the include order
+            # torch_cuda and USE_CUDA: the CUDA shims (the current stream), declared whatever the include order
+            libraries=["torch_cpu", "torch_cuda"],
             extra_compile_args={"cxx": cxx + ["-DOPFORGE_WITH_CUDA", "-DUSE_CUDA"],
                                 "nvcc": nvcc_flags() + [torch_target_version_flag()] + list(extra_nvcc_flags)},
             extra_link_args=[*link, *libs, *rpath_flags(sorted({os.path.dirname(p) for p in libs}), part)],
             py_limited_api=False)
-        companion.opforge_plain_library = True
-        companion.opforge_cuda_part = True
+        companion.opforge_plain_library = companion.opforge_cuda_part = True
         ext.opforge_cuda_companion = companion
     return ext
 
@@ -423,18 +412,13 @@ def _write_build_id(name: str, sources: Sequence[str], include_dirs: Sequence[st
 def OrtLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (),
                include_dirs: Sequence[str] = (), define_macros: Sequence = (), extra_cxx_flags: Sequence[str] = (),
                extra_nvcc_flags: Sequence[str] = (), ort_include_candidates: Sequence[str] = ()):
-    """An ONNX Runtime custom-op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``, no
-    Python ABI suffix) from ``sources``: links neither libonnxruntime nor libtorch
-    (``ORT_API_MANUAL_INIT``; the running ORT hands over its API), exports only
-    ``RegisterCustomOps``.
-
-    With ``cuda_sources`` in a CUDA build, the CUDA EP kernels go into a companion,
-    ``pkg/libfoo_cuda.so`` (``sources`` + ``cuda_sources`` compiled again with
-    ``OPFORGE_WITH_CUDA``; it links the CUDA runtime and cuBLAS of torch's nvidia wheels
-    through ``$ORIGIN``-relative run paths), while ``libfoo.so`` keeps the CPU kernels and
-    no CUDA dependency: it loads on a box without CUDA and loads the companion when the
-    running ORT has a CUDA EP (``opforge/ort_cuda_companion.h``). Users still register the
-    one file; the sources need no change. Both files carry the build's id
+    """An ONNX Runtime custom-op library ``name`` (``pkg.libfoo`` -> ``pkg/libfoo.so``) from
+    ``sources``: links neither libonnxruntime nor libtorch (``ORT_API_MANUAL_INIT``: the running
+    ORT hands over its API), exports only ``RegisterCustomOps``. With ``cuda_sources`` in a CUDA
+    build, the CUDA EP kernels go into ``pkg/libfoo_cuda.so`` (``sources`` + ``cuda_sources`` with
+    ``OPFORGE_WITH_CUDA``, linking the CUDA runtime and cuBLAS through ``$ORIGIN``-relative run
+    paths); ``libfoo.so`` keeps the CPU kernels, no CUDA dependency, and loads the companion when
+    the running ORT has a CUDA EP (``opforge/ort_cuda_companion.h``). Both carry the build's id
     (:func:`_write_build_id`): the library refuses a companion of another build."""
     from setuptools import Extension
 
@@ -558,24 +542,44 @@ def build_ext(*, build_dir: Optional[str] = None):
 # ---- just in time (notebooks) ---------------------------------------------------------
 
 
-def load(name: str, sources: Sequence[str], **kwargs) -> str:
+def load(name: str, sources: Sequence[str], *, extra_include_paths=(), extra_cflags=(),
+         build_directory: Optional[str] = None, verbose: bool = False) -> str:
     """Builds (incrementally: ninja, in a cache directory) and loads a stable-ABI torch op library
-    ``lib<name>.so`` from ``sources`` with opforge's headers and flags; its ops are then in
-    ``torch.ops``. Returns the library path. Keywords: ``extra_include_paths``, ``extra_cflags``,
-    ``build_directory``, ``verbose``. Register the ops' specs with ``opforge.register_op`` afterwards."""
-    from .ninja_build import load_torch_library_just_in_time
+    ``lib<name>.so`` (CPU kernels) from ``sources`` with opforge's headers and flags; its ops are
+    then in ``torch.ops``. Returns its path. Register the ops' specs with ``opforge.register_op``."""
+    from torch.utils import cpp_extension
 
-    return load_torch_library_just_in_time(name, sources, **kwargs)
+    from .ninja_build import build_just_in_time
+    from .torch_library import load_torch_library
+
+    torch_lib = cpp_extension.library_paths()[0]
+    incs = [str(CSRC_DIR), *map(os.path.abspath, extra_include_paths), cpp_extension.include_paths()[0]]
+    out = build_just_in_time(Path(build_directory or cache_dir() / "jit" / f"torch_{name}") / f"lib{name}.so",
+                             _paths(sources), ["-fPIC", *stable_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags],
+                             ["-shared", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"], verbose=verbose,
+                             what="opforge.build.load")
+    load_torch_library(out)
+    return out
 
 
-def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str] = None, **kwargs) -> str:
-    """Builds (incrementally: ninja, one object per source, header dependencies tracked) an ORT
-    custom-op library ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path; with
-    ``domain``, also ``opforge.register_ort_library(domain, path)``. Keywords: ``include_dirs``,
-    ``extra_cflags``, ``build_directory``, ``verbose``."""
-    from .ninja_build import load_ort_library_just_in_time
+def load_ort_library(name: str, sources: Sequence[str], *, domain: Optional[str] = None,
+                     include_dirs: Sequence[str] = (), extra_cflags: Sequence[str] = (),
+                     build_directory: Optional[str] = None, verbose: bool = False) -> str:
+    """Builds (incrementally: ninja, header dependencies tracked) an ORT custom-op library
+    ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path; with ``domain``, also
+    ``opforge.register_ort_library(domain, path)``."""
+    from .ninja_build import build_just_in_time
 
-    return load_ort_library_just_in_time(name, sources, domain=domain, **kwargs)
+    incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
+    out = build_just_in_time(Path(build_directory or cache_dir() / "jit" / f"ort_{name}") / f"lib{name}.so",
+                             _paths(sources), ["-fPIC", *ort_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags],
+                             ["-shared", f"-Wl,--version-script={ORT_EXPORTS_MAP}", "-Wl,--as-needed"],
+                             verbose=verbose, what="opforge.build.load_ort_library")
+    if domain is not None:
+        from .ort_kernels import register_ort_library
+
+        register_ort_library(domain, out, provider=f"opforge.build.load_ort_library({name!r})", replace=True)
+    return out
 
 
 def _main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """A shared library from C++ sources with ninja: one object per source, header dependencies
-tracked (``-MMD``), so a rebuild compiles only what changed; and the just-in-time builds on it,
-``opforge.build.load`` (a torch op library) and ``opforge.build.load_ort_library``."""
+tracked (``-MMD``), so a rebuild compiles only what changed. Used by the just-in-time builds,
+``opforge.build.load`` (a torch op library) and ``opforge.build.load_ort_library``; imports nothing
+from opforge."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
-
-from .build import CSRC_DIR, ORT_EXPORTS_MAP, _paths, cache_dir, ort_cxx_flags, ort_include_dir, stable_cxx_flags
+from typing import Sequence
 
 
 def _escape(path: str) -> str:
@@ -42,59 +41,15 @@ def ninja_shared_library(out: Path, sources: Sequence[str], cflags: Sequence[str
                           text=True)
 
 
-def load_torch_library_just_in_time(name: str, sources: Sequence[str], *, cuda_sources: Sequence[str] = (), extra_include_paths=(),
-         extra_cflags=(), build_directory: Optional[str] = None, verbose: bool = False) -> str:
-    """Builds (incrementally: ninja, header dependencies tracked, in a cache directory) a stable-ABI
-    torch op library ``lib<name>.so`` from ``sources`` with opforge's headers and flags (as
-    :func:`TorchLibrary` does), loads it with :func:`opforge.load_torch_library` (its ops are then
-    in ``torch.ops``) and returns its path. Register the ops' specs with ``opforge.register_op``
-    afterwards. CPU kernels only (``cuda_sources`` need the setup.py build)."""
-    from torch.utils import cpp_extension
-
-    if cuda_sources:
-        raise ValueError("opforge.build.load: builds CPU kernels only; build CUDA kernels with "
-                         "opforge.build.TorchLibrary in setup.py (pip install --no-build-isolation -e .)")
-    build_directory = Path(build_directory or cache_dir() / "jit" / f"torch_{name}")
-    build_directory.mkdir(parents=True, exist_ok=True)
-    torch_lib = cpp_extension.library_paths()[0]
-    incs = [str(CSRC_DIR), *map(os.path.abspath, extra_include_paths), cpp_extension.include_paths()[0]]
-    cflags = ["-fPIC", *stable_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags]
-
-    out = build_directory / f"lib{name}.so"
-    run = ninja_shared_library(out, [os.path.abspath(s) for s in _paths(sources)], cflags,
-                               ["-shared", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"],
-                               verbose=verbose)
+def build_just_in_time(out: Path, sources: Sequence[str], cflags: Sequence[str], ldflags: Sequence[str], *,
+                       verbose: bool, what: str) -> str:
+    """Builds ``out`` (its directory made first) and returns its path; the compiler's output on
+    failure (raised as a RuntimeError naming ``what``) or with ``verbose``."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = ninja_shared_library(out, [os.path.abspath(s) for s in sources], cflags, ldflags, verbose=verbose)
     if verbose or run.returncode != 0:
         print(run.stdout + run.stderr, file=sys.stderr)
     if run.returncode != 0:
-        raise RuntimeError(f"opforge.build.load: building lib{name}.so failed (see the compiler output above)")
-    from .torch_library import load_torch_library
-
-    load_torch_library(out)
-    return str(out)
-
-
-def load_ort_library_just_in_time(name: str, sources: Sequence[str], *, domain: Optional[str] = None,
-                     include_dirs: Sequence[str] = (), extra_cflags: Sequence[str] = (),
-                     build_directory: Optional[str] = None, verbose: bool = False) -> str:
-    """Builds (incrementally: ninja, one object per source, header dependencies tracked) an ORT
-    custom-op library ``lib<name>.so`` from ``sources`` (CPU kernels) and returns its path;
-    with ``domain``, also ``opforge.register_ort_library(domain, path)``."""
-    build_directory = Path(build_directory or cache_dir() / "jit" / f"ort_{name}")
-    build_directory.mkdir(parents=True, exist_ok=True)
-    srcs = [os.path.abspath(s) for s in _paths(sources)]
-    incs = [str(CSRC_DIR), *map(os.path.abspath, include_dirs), ort_include_dir()]
-    cflags = ["-fPIC", *ort_cxx_flags(), *(f"-I{d}" for d in incs), *extra_cflags]
-
-    out = build_directory / f"lib{name}.so"
-    run = ninja_shared_library(out, srcs, cflags, ["-shared", f"-Wl,--version-script={ORT_EXPORTS_MAP}",
-                                                   "-Wl,--as-needed"], verbose=verbose)
-    if verbose or run.returncode != 0:
-        print(run.stdout + run.stderr, file=sys.stderr)
-    if run.returncode != 0:
-        raise RuntimeError(f"opforge.build.load_ort_library: building lib{name}.so failed (see the compiler output above)")
-    if domain is not None:
-        from .ort_kernels import register_ort_library
-
-        register_ort_library(domain, str(out), provider=f"opforge.build.load_ort_library({name!r})", replace=True)
+        raise RuntimeError(f"{what}: building {out.name} failed (see the compiler output above)")
     return str(out)

@@ -60,6 +60,8 @@ def packages(tmp_path_factory):
         det_expected = detector(*det_inputs)
     torch.save(list(det_inputs), out / "inputs.pt")
     torch.save(list(det_expected), out / "expected.pt")
+    export_model.save_tensors(out, "inputs", det_inputs)  # for the C++ program
+    export_model.save_tensors(out, "expected", det_expected)
 
     ops = OpsModel()
     batch, n = torch.export.Dim("batch", min=1, max=16), torch.export.Dim("boxes", min=2, max=4096)

@@ -49,6 +49,17 @@ def example_inputs(batch=2, queries=5, rois=3, channels=8, size=16, seed=0):
     return image, query, reference_points, torch.cat([index, boxes], 1)
 
 
+def save_tensors(out_dir: Path, name: str, tensors) -> None:
+    """What main.cc reads: NAME.txt, a line per tensor ("FILE DTYPE DIM..."), and each tensor's raw
+    little-endian data in FILE."""
+    lines = []
+    for i, t in enumerate(tensors):
+        file = f"{name}_{i}.bin"
+        t.detach().contiguous().numpy().tofile(out_dir / file)
+        lines.append(" ".join([file, str(t.dtype).removeprefix("torch."), *map(str, t.shape)]))
+    (out_dir / f"{name}.txt").write_text("\n".join(lines) + "\n")
+
+
 def compile_package(model, inputs, path):
     batch, rois = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("rois", min=1, max=1024)
     shapes = ({0: batch}, {0: batch}, {0: batch}, {0: rois})
@@ -67,9 +78,9 @@ def main():
     inputs = example_inputs(batch=3, rois=7, seed=1)  # another batch and roi count than compiled with
     with torch.no_grad():
         expected = model(*inputs)
-    torch.save(list(inputs), args.out_dir / "inputs.pt")
-    torch.save(list(expected), args.out_dir / "expected.pt")
-    print(f"wrote {args.out_dir / 'detector.pt2'}, inputs.pt and expected.pt")
+    save_tensors(args.out_dir, "inputs", inputs)
+    save_tensors(args.out_dir, "expected", expected)
+    print(f"wrote {args.out_dir / 'detector.pt2'}, the inputs and torch's outputs (inputs.txt, expected.txt)")
 
 
 if __name__ == "__main__":

@@ -5,28 +5,46 @@
 // A custom op is not packaged in the .pt2: its kernels must be registered in the process before
 // the package runs. dlopen(opforge.torch_library_path()) does that: the library registers every
 // opforge op with torch's dispatcher when it loads (it is built on LibTorch's stable ABI, so one
-// build serves every torch >= 2.10). DATA_DIR holds inputs.pt and expected.pt (lists of tensors
-// saved by export_model.py with torch.save); the outputs are compared with expected.pt.
+// build serves every torch >= 2.10). DATA_DIR holds the inputs and torch's eager outputs as
+// export_model.py writes them (inputs.txt / expected.txt: one line per tensor, "FILE DTYPE DIM...",
+// each FILE raw little-endian data); the outputs are compared with the expected ones.
 // Exit status: 0 all outputs match, 1 a mismatch, 2 an error (reported, never a crash).
 #include <dlfcn.h>
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/serialize.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
-static std::vector<at::Tensor> load_tensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// The tensors a manifest (DATA_DIR/NAME.txt) lists, read from their raw files.
+static std::vector<at::Tensor> load_tensors(const std::string& dir, const std::string& name) {
+  std::ifstream manifest(dir + "/" + name + ".txt");
+  if (!manifest) throw std::runtime_error("cannot read " + dir + "/" + name + ".txt");
   std::vector<at::Tensor> out;
-  for (const c10::IValue& v : torch::pickle_load(bytes).toListRef()) out.push_back(v.toTensor());
+  std::string line;
+  while (std::getline(manifest, line)) {
+    std::istringstream fields(line);
+    std::string file, dtype;
+    fields >> file >> dtype;
+    std::vector<int64_t> shape;
+    for (int64_t d; fields >> d;) shape.push_back(d);
+    const auto type = dtype == "float32" ? at::kFloat : dtype == "int64" ? at::kLong : at::kDouble;
+    if (dtype != "float32" && dtype != "int64" && dtype != "float64")
+      throw std::runtime_error("unsupported dtype " + dtype + " in " + name + ".txt");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    std::ifstream data(dir + "/" + file, std::ios::binary);
+    data.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    if (!data || data.gcount() != static_cast<std::streamsize>(t.nbytes()))
+      throw std::runtime_error("cannot read " + std::to_string(t.nbytes()) + " bytes from " + dir + "/" + file);
+    out.push_back(t);
+  }
   return out;
 }
 
@@ -44,8 +62,8 @@ int main(int argc, char** argv) {
   }
   try {
     torch::inductor::AOTIModelPackageLoader loader(model);
-    const std::vector<at::Tensor> inputs = load_tensors(data + "/inputs.pt");
-    const std::vector<at::Tensor> expected = load_tensors(data + "/expected.pt");
+    const std::vector<at::Tensor> inputs = load_tensors(data, "inputs");
+    const std::vector<at::Tensor> expected = load_tensors(data, "expected");
     std::vector<at::Tensor> outputs = loader.run(inputs);
     const int runs = 20;
     const auto start = std::chrono::steady_clock::now();
