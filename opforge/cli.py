@@ -176,6 +176,12 @@ def cmd_fetch_ort_headers(args) -> int:
     return 0
 
 
+def cmd_build_aten(args) -> int:
+    from .ort_kernels.aten_build import main
+
+    return main(verbose=args.verbose)
+
+
 def cmd_include_paths(args) -> int:
     from .build import include_paths
 
@@ -264,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dest", default=None, help="directory (default: opforge's cache)")
     fetch.add_argument("--force", action="store_true", help="fetch again even if present")
     fetch.set_defaults(func=cmd_fetch_ort_headers)
+
+    aten = sub.add_parser("build-aten", help="build libopforge_aten.so (the ATen fallback's ORT kernel) for the "
+                          "running torch, into opforge's cache; prints its path")
+    aten.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
+    aten.set_defaults(func=cmd_build_aten)
 
     inc = sub.add_parser("include-paths", help="print the include directories for a package's kernels")
     inc.set_defaults(func=cmd_include_paths)

@@ -37,6 +37,14 @@ def ninja_shared_library(out: Path, sources: Sequence[str], cflags: Sequence[str
     if not ninja_file.is_file() or ninja_file.read_text() != text:
         ninja_file.write_text(text)
     ninja = shutil.which("ninja") or os.path.join(os.path.dirname(sys.executable), "ninja")
+    if not os.path.isfile(ninja):  # no ninja (pip install ninja): the same commands, one after the other
+        for obj, source in zip(objs, sources):
+            run = subprocess.run([cxx, *cflags, "-c", source, "-o", str(build_directory / obj)],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                return run
+        return subprocess.run([cxx, *(str(build_directory / o) for o in objs), *ldflags, "-o", str(out)],
+                              capture_output=True, text=True)
     return subprocess.run([ninja, "-C", str(build_directory)] + (["-v"] if verbose else []), capture_output=True,
                           text=True)
 

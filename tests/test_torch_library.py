@@ -146,3 +146,25 @@ def test_shape_rule_runs_on_symints_through_the_library():
     assert out[0] is s and out[1:] == [6, 7, 7]
     with pytest.raises(RuntimeError, match="is not registered: no loaded torch library has this shape rule"):
         opforge.ShapeRule("opforge::_no_such_rule")([1], [1])
+
+
+def test_aten_library_of_another_torch_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    """libopforge_aten.so links libtorch's C++ API: a build stamped for another torch is never
+    loaded; the error names both versions and `opforge build-aten`, whose cached build for the
+    running torch is then used."""
+    from opforge.ort_kernels import aten_build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    packaged = tmp_path / "libopforge_aten.so"
+    packaged.write_bytes(b"a build for another torch")
+    (tmp_path / "libopforge_aten.so.torch").write_text("2.10.0+cu128\n")
+    with pytest.raises(RuntimeError, match=rf"built for torch 2\.10\.0\+cu128, but this process runs torch "
+                                           rf"{re.escape(torch.__version__)}.*-m opforge build-aten"):
+        aten_build.aten_library_for_this_torch(packaged)
+    cached = aten_build.cached_library_path()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"a build for this torch")
+    (cached.parent / "libopforge_aten.so.torch").write_text(torch.__version__ + "\n")
+    assert aten_build.aten_library_for_this_torch(packaged) == str(cached)
+    # the packaged build when it is this torch's (what setup.py stamps)
+    assert aten_build.built_for(Path(opforge.aten_library_path())) == torch.__version__

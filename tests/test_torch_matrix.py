@@ -33,12 +33,15 @@ STACK = ["numpy==2.4.6", "onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7
          "pytest==9.2.0"]
 
 #: The checks run there: every op's opforge.testing checks (opcheck, gradcheck in float64, values
-#: against the reference, both exporters -> ORT, bad inputs) and the stable library's tests.
+#: against the reference, both exporters -> ORT, bad inputs), the stable library's tests,
+#: torch.compile(fullgraph=True), and the hostile-model and guard tests of the ATen fallback, whose
+#: libopforge_aten.so is built there for that torch first (`opforge build-aten`: it links libtorch's
+#: C++ API, the one library that has no stable ABI).
 COMPAT_TESTS = [
     "tests/test_check_op.py::test_my_add", "tests/test_check_op.py::test_deform_conv2d",
     "tests/test_ms_deform_attn.py::test_check_op", "tests/test_roi_align_rotated.py::test_check_op",
     "tests/test_nms_rotated.py::test_check_op_nms_rotated", "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated",
-    "tests/test_torch_library.py", "tests/test_torch_compile.py",
+    "tests/test_torch_library.py", "tests/test_torch_compile.py", "tests/test_aten_hostile.py", "tests/test_aten_guards.py",
 ]
 NEEDS_TORCHVISION = {"tests/test_roi_align_rotated.py::test_check_op", "tests/test_nms_rotated.py::test_check_op_nms_rotated",
                      "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated"}
@@ -63,8 +66,13 @@ def test_this_build_works_in_another_torch(version):
     before = _built_libraries()
     assert "libopforge_torch.so" in before
     tests = [t for t in COMPAT_TESTS if vision or t not in NEEDS_TORCHVISION]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPFORGE_TORCH_MATRIX_RUN": version}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPFORGE_TORCH_MATRIX_RUN": version,
+           "XDG_CACHE_HOME": str(VENV_ROOT / f"torch-{version}" / "cache")}  # build-aten's build, per venv
     env.pop("PYTEST_XDIST_WORKER", None)
+    aten = subprocess.run([python, "-m", "opforge", "build-aten"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert aten.returncode == 0, aten.stdout[-3000:] + aten.stderr[-3000:]
+    assert f"/aten/{version}" in aten.stdout, aten.stdout
     run = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *tests], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=3000)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""

@@ -40,26 +40,12 @@ def _built_library(name: str) -> str:
     return str(path)
 
 
-#: Beside libopforge_aten.so, the version of the torch it was built against (setup.py writes it).
-ATEN_TORCH_STAMP = _ATEN_LIB_NAME + ".torch"
-
-
 def _aten_library() -> str:
-    """libopforge_aten.so, refused unless the running torch is the one it was built for: it links
-    libtorch's C++ API (ATen's operators and dispatcher), which has no stable ABI, so a build for
-    another torch would fail to load or, worse, load and misread ATen's objects."""
-    import torch
+    """libopforge_aten.so built for the running torch (it links libtorch's C++ API): the packaged
+    one, or ``opforge build-aten``'s for this torch; refused with what to do otherwise."""
+    from .aten_build import aten_library_for_this_torch
 
-    path = _built_library(_ATEN_LIB_NAME)
-    stamp = Path(path).with_name(ATEN_TORCH_STAMP)
-    built_for = stamp.read_text().strip() if stamp.is_file() else "an unknown torch (no stamp beside it)"
-    if built_for != torch.__version__:
-        raise RuntimeError(
-            f"opforge: {path} (the ATen fallback's ORT kernel) was built for torch {built_for}, but this process "
-            f"runs torch {torch.__version__}. It links libtorch's C++ API, which changes between versions: rebuild "
-            "it for this torch with `pip install --no-build-isolation -e .` in the opforge checkout (or reinstall "
-            "opforge). Everything else in opforge (its torch ops, libopforge_ort.so) works on every torch >= 2.10.")
-    return path
+    return aten_library_for_this_torch(Path(_built_library(_ATEN_LIB_NAME)))
 
 
 #: domain -> (where it came from, path or zero-argument function returning the path)
