@@ -30,9 +30,10 @@ torch.set_num_threads(int(sys.argv[1]))
 import opforge
 
 def timed(fn, repeat):
+    # at least `repeat` calls and half a second of them, after two warm-up calls; the median
     fn(); fn()
-    times = []
-    for _ in range(repeat):
+    times, begin = [], time.perf_counter()
+    while len(times) < repeat or time.perf_counter() - begin < 0.5:
         start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 

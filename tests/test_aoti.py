@@ -23,14 +23,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("aoti")]
 
 
 class OpsModel(torch.nn.Module):
-    """my_add, deform_conv2d and nms_rotated (roi_align_rotated and ms_deform_attn: the tutorial's
-    detector, below): every op of opforge in one package or the other."""
+    """my_add, deform_conv2d, nms_rotated and batched_nms_rotated (roi_align_rotated and
+    ms_deform_attn: the tutorial's detector, below): every op of opforge in one package or the other."""
 
     def forward(self, x, weight, offset, mask, bias, boxes, scores):
         y = opforge.my_add(x, x)
         y = opforge.deform_conv2d(y, offset, weight, bias, padding=(1, 1), mask=mask)
         keep = opforge.nms_rotated(boxes, scores, 0.5)
-        return y, keep
+        classes = (scores * 3).long()  # three classes, from the scores: no extra input
+        keep_per_class = opforge.batched_nms_rotated(boxes, scores, classes, 0.3)
+        return y, keep, keep_per_class
 
 
 def _ops_inputs(batch, boxes=12, seed=0):

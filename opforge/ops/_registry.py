@@ -12,6 +12,12 @@ from ..torch_library import load_torch_library
 #: opforge's torch op library: built once on LibTorch's stable ABI, for every torch >= 2.10.
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libopforge_torch.so")
 
+#: The oldest torch opforge runs on: its torch op library targets LibTorch's stable ABI of 2.10.
+MIN_TORCH = (2, 10)
+if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < MIN_TORCH:
+    raise ImportError(f"opforge needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its ops are built on LibTorch's stable "
+                      f"ABI of that version); this is torch {torch.__version__}. pip install 'torch>=2.10'")
+
 try:
     _C = load_torch_library(LIBRARY_PATH)  # runs STABLE_TORCH_LIBRARY(opforge, ...)
 except (OSError, RuntimeError) as exc:  # pragma: no cover - exercised only on broken installs
