@@ -359,8 +359,8 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
     the CUDA runtime; the library loads it when it loads, and goes on without it where it cannot load
     (opforge/torch_library.h): the CPU part never depends on one CUDA major."""
     from setuptools import Extension
+    resolve_cuda_home()  # before torch.utils.cpp_extension reads CUDA_HOME (its own guess can be wrong)
     from torch.utils import cpp_extension
-
     torch_lib, cxx = cpp_extension.library_paths()[0], stable_cxx_flags() + list(extra_cxx_flags)
     incs = [str(CSRC_DIR), *include_dirs, *cpp_extension.include_paths()[:1]]
     link = ["-Wl,--as-needed", *sanitizer_flags(), *rpath_flags([torch_lib], name)]

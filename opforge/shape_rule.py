@@ -97,16 +97,17 @@ class ShapeRule:
     @functools.cached_property
     def _arguments(self) -> list:
         """(name, kind) of the rule's arguments, from its signature: kind "shape" (a tensor's,
-        ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int" or "ints" (``int[]``)."""
+        ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int", "ints" (``int[]``) or "floats"
+        (``float[]``)."""
         text = self._signature
         kinds = {"SymInt[]": "shape", "SymInt[]?": "optional_shape", "bool": "bool", "float": "float",
-                 "int": "int", "int[]": "ints"}
+                 "int": "int", "int[]": "ints", "float[]": "floats"}
         out = []
         for part in filter(None, (p.strip() for p in text.strip().strip("()").split(","))):
             declared, _, name = part.split("=")[0].strip().rpartition(" ")
             if declared not in kinds:
                 raise RuntimeError(f"ShapeRule: {self.qualname} declares {part!r}; a rule takes SymInt[], "
-                                   "SymInt[]?, int, int[], float and bool arguments")
+                                   "SymInt[]?, int, int[], float, float[] and bool arguments")
             out.append((name, kinds[declared]))
         if not any(kind in ("shape", "optional_shape") for _, kind in out):
             raise RuntimeError(f"ShapeRule: {self.qualname} has no SymInt[] argument (a tensor's shape): {text}")

@@ -27,7 +27,8 @@ class _RuleDim(ctypes.Structure):
 
 class _RuleArg(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("count", ctypes.c_int64), ("dims", ctypes.POINTER(_RuleDim)),
-                ("integer", ctypes.c_int64), ("real", ctypes.c_double)]
+                ("integer", ctypes.c_int64), ("real", ctypes.c_double),
+                ("reals", ctypes.POINTER(ctypes.c_double))]
 
 
 _DIM_P = ctypes.POINTER(_RuleDim)
@@ -41,7 +42,7 @@ class _RuleHost(ctypes.Structure):
     _fields_ = [("arith", _ARITH), ("compare", _COMPARE), ("is_one", _IS_ONE), ("format", _FORMAT)]
 
 
-_KIND_SHAPE, _KIND_ABSENT, _KIND_INT, _KIND_FLOAT, _KIND_BOOL, _KIND_INTS = range(6)
+_KIND_SHAPE, _KIND_ABSENT, _KIND_INT, _KIND_FLOAT, _KIND_BOOL, _KIND_INTS, _KIND_FLOATS = range(7)
 _MAX_OUT = 4096  # entries of the flattened output shapes a rule may give
 _MESSAGE = 4096
 
@@ -184,6 +185,10 @@ class TorchLibrary:
                                                          for d in value])
                 keep.append(dims)
                 arg.kind, arg.count, arg.dims = (_KIND_INTS if kind == "ints" else _KIND_SHAPE), len(value), dims
+            elif kind == "floats":
+                reals = (ctypes.c_double * max(len(value), 1))(*[float(v) for v in value])
+                keep.append(reals)
+                arg.kind, arg.count, arg.reals = _KIND_FLOATS, len(value), reals
             elif kind == "bool":
                 arg.kind, arg.integer = _KIND_BOOL, int(bool(value))
             elif kind == "float":

@@ -47,11 +47,13 @@ struct OpforgeRuleHost {
 };
 // One argument of a rule, in its signature's order.
 struct OpforgeRuleArg {
-  int32_t kind;  // 0 shape (dims[count]), 1 absent optional shape, 2 int, 3 float, 4 bool, 5 int list (dims)
+  int32_t kind;  // 0 shape (dims[count]), 1 absent optional shape, 2 int, 3 float, 4 bool, 5 int list (dims),
+                 // 6 float list (reals[count])
   int64_t count;
   const OpforgeRuleDim* dims;
   int64_t integer;
   double real;
+  const double* reals;
 };
 }
 
@@ -163,6 +165,10 @@ class RuleArgs {
     std::vector<int64_t> out;
     for (int64_t k = 0; k < a.count; ++k) out.push_back(a.dims[k].value);
     return out;
+  }
+  std::vector<double> reals(int i) const {
+    const OpforgeRuleArg& a = expect(at(i, "a float list"), 6, i, "a float list");
+    return std::vector<double>(a.reals, a.reals + a.count);
   }
   int count() const { return count_; }
 
