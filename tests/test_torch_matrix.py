@@ -1,8 +1,9 @@
 """One build of opforge for every torch from 2.10 on: this checkout's build (made with this venv's
 torch, 2.14.1), unchanged (its libraries' hashes are compared before and after), runs in throwaway
 venvs with other torch versions: every op's values and float64 gradients against its reference,
-opcheck, both exporters -> ONNX Runtime (opforge.testing's op checks, the same tests as here), and
-the stable-ABI library's own tests.
+opcheck, both exporters -> ONNX Runtime (opforge.testing's op checks, the same tests as here), the
+stable-ABI library's own tests, and a package `opforge new-op` generated and built here, with its
+own tests.
 
 CI runs torch 2.10.0 (the oldest the stable ABI targets) in the slow tier. All three:
 
@@ -13,6 +14,7 @@ CI runs torch 2.10.0 (the oldest the stable ABI targets) in the slow tier. All t
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,15 +49,30 @@ NEEDS_TORCHVISION = {"tests/test_roi_align_rotated.py::test_check_op", "tests/te
                      "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated"}
 
 
-def _built_libraries() -> dict:
-    libs = sorted((ROOT / "opforge").glob("*.so")) + sorted((ROOT / "opforge" / "ort_kernels").glob("*.so"))
+def _built_libraries(*dirs) -> dict:
+    libs = [p for d in (ROOT / "opforge", ROOT / "opforge" / "ort_kernels", *dirs) for p in sorted(d.glob("*.so"))]
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in libs}
+
+
+@pytest.fixture(scope="module")
+def new_op_package(tmp_path_factory):
+    """A package `opforge new-op` generates, built here (torch 2.14.1), in place: its src/ dir."""
+    base = tmp_path_factory.mktemp("matrix_new_op")
+    pkg = base / "matrix_ops"
+    gen = subprocess.run([sys.executable, "-m", "opforge", "new-op", "swishy", "--package", "matrix_ops", "--domain",
+                          "com.example.matrix", "--dir", str(pkg)], cwd=base, capture_output=True, text=True)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=pkg,
+                           env={**os.environ, "OPFORGE_CUDA": "0"}, capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert (pkg / "src" / "matrix_ops" / "libmatrix_ops_torch.so").is_file()
+    return pkg
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("torch-matrix")
 @pytest.mark.parametrize("version", VERSIONS)
-def test_this_build_works_in_another_torch(version):
+def test_this_build_works_in_another_torch(version, new_op_package):
     if version == torch.__version__.split("+")[0]:
         pytest.skip(f"torch {version} is this venv's: the whole suite is its check")
     if not Path(opforge.__file__).resolve().is_relative_to(ROOT):
@@ -63,10 +80,11 @@ def test_this_build_works_in_another_torch(version):
     vision = TORCHVISION.get(version)
     requirements = [f"torch=={version}", *STACK] + ([f"torchvision=={vision}"] if vision else [])
     python = cached_venv(VENV_ROOT / f"torch-{version}", requirements, what=f"torch {version}")
-    before = _built_libraries()
-    assert "libopforge_torch.so" in before
+    package_libs = new_op_package / "src" / "matrix_ops"
+    before = _built_libraries(package_libs)
+    assert {"libopforge_torch.so", "libmatrix_ops_torch.so"} <= set(before)
     tests = [t for t in COMPAT_TESTS if vision or t not in NEEDS_TORCHVISION]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPFORGE_TORCH_MATRIX_RUN": version,
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{new_op_package / 'src'}", "OPFORGE_TORCH_MATRIX_RUN": version,
            "XDG_CACHE_HOME": str(VENV_ROOT / f"torch-{version}" / "cache")}  # build-aten's build, per venv
     env.pop("PYTEST_XDIST_WORKER", None)
     aten = subprocess.run([python, "-m", "opforge", "build-aten"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -79,4 +97,9 @@ def test_this_build_works_in_another_torch(version):
     print(f"torch {version}: {summary}")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in summary and "failed" not in summary, summary
-    assert _built_libraries() == before, "the libraries were rebuilt or changed: the matrix must run this build"
+    # the new-op package's own generated tests (its op end to end), built on torch 2.14.1
+    package = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"], cwd=new_op_package,
+                             env=env, capture_output=True, text=True, timeout=1800)
+    assert package.returncode == 0, package.stdout[-6000:] + package.stderr[-3000:]
+    print(f"torch {version}, new-op package: {package.stdout.strip().splitlines()[-1]}")
+    assert _built_libraries(package_libs) == before, "the libraries were rebuilt or changed: the matrix must run this build"
