@@ -547,8 +547,8 @@ def load(name: str, sources: Sequence[str], *, extra_include_paths=(), extra_cfl
     """Builds (incrementally: ninja, in a cache directory) and loads a stable-ABI torch op library
     ``lib<name>.so`` (CPU kernels) from ``sources`` with opforge's headers and flags; its ops are
     then in ``torch.ops``. Returns its path. Register the ops' specs with ``opforge.register_op``."""
+    resolve_cuda_home()  # before torch.utils.cpp_extension reads CUDA_HOME (its own guess warns)
     from torch.utils import cpp_extension
-
     from .ninja_build import build_just_in_time
     from .torch_library import load_torch_library
 

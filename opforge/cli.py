@@ -177,7 +177,7 @@ def cmd_fetch_ort_headers(args) -> int:
 
 
 def cmd_build_aten(args) -> int:
-    from .ort_kernels.aten_build import main
+    from .build_aten import main
 
     return main(verbose=args.verbose)
 

@@ -152,16 +152,18 @@ def test_aten_library_of_another_torch_is_refused_with_what_to_do(tmp_path, monk
     """libopforge_aten.so links libtorch's C++ API: a build stamped for another torch is never
     loaded; the error names both versions and `opforge build-aten`, whose cached build for the
     running torch is then used."""
-    from opforge.ort_kernels import aten_build
+    import opforge.build
+    from opforge.ort_kernels import aten_cache as aten_build
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     packaged = tmp_path / "libopforge_aten.so"
     packaged.write_bytes(b"a build for another torch")
-    (tmp_path / "libopforge_aten.so.torch").write_text("2.10.0+cu128\n")
-    with pytest.raises(RuntimeError, match=rf"built for torch 2\.10\.0\+cu128, but this process runs torch "
+    (tmp_path / "libopforge_aten.so.torch").write_text("1.0.0+another\n")
+    with pytest.raises(RuntimeError, match=rf"built for torch 1\.0\.0\+another, but this process runs torch "
                                            rf"{re.escape(torch.__version__)}.*-m opforge build-aten"):
         aten_build.aten_library_for_this_torch(packaged)
     cached = aten_build.cached_library_path()
+    assert cached.parent == opforge.build.cache_dir() / "aten" / torch.__version__  # opforge's one cache
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"a build for this torch")
     (cached.parent / "libopforge_aten.so.torch").write_text(torch.__version__ + "\n")

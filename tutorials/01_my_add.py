@@ -32,10 +32,11 @@ out = torch.ops.opforge.my_add(a, b)
 assert torch.equal(out, 2 * a + b)
 out.sum().backward()
 print("1. torch op:", tuple(out.shape), "grad a =", a.grad.unique().tolist(), "grad b =", b.grad.tolist())
-# Bad input is a Python exception naming the op and argument:
+# Bad input is a Python exception naming the op and argument (a RuntimeError from the kernel, as
+# torch's own kernels raise; opforge.my_add raises it as opforge.OpInputError, also a ValueError):
 try:
     torch.ops.opforge.my_add(torch.ones(2, 3), torch.ones(4))
-except ValueError as e:
+except RuntimeError as e:
     print("   bad shapes ->", e)
 
 

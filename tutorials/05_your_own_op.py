@@ -144,7 +144,7 @@ def mixed_type_op_from_schema(work: Path) -> bool:
 
     print("   the schema's arguments, typed for every piece:")
     show(spec_path, 'TensorArg("rows"', 'AttrArg("scale"')
-    show(csrc / f"{MIXED}_torch.cpp", "rows.scalar_type() == at::kLong", "static_cast<float>(scale)")
+    show(csrc / f"{MIXED}_torch.cpp", "rows.scalar_type() == opforge::ScalarType::Long", "static_cast<float>(scale)")
     show(csrc / f"{MIXED}_ort.cc", "Ort::Custom::Tensor<int64_t>& rows")
     show(csrc / f"{MIXED}.h", "Input<int64_t> rows;", f"std::string {MIXED}_output_shapes(",
          f"std::string {MIXED}_forward(")

@@ -43,7 +43,7 @@ def _built_library(name: str) -> str:
 def _aten_library() -> str:
     """libopforge_aten.so built for the running torch (it links libtorch's C++ API): the packaged
     one, or ``opforge build-aten``'s for this torch; refused with what to do otherwise."""
-    from .aten_build import aten_library_for_this_torch
+    from .aten_cache import aten_library_for_this_torch
 
     return aten_library_for_this_torch(Path(_built_library(_ATEN_LIB_NAME)))
 
