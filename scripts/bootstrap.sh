@@ -4,7 +4,7 @@
 #   2. the pinned packages of requirements.txt (torch 2.14.1, onnxruntime, ...)
 #   3. ONNX Runtime's C/C++ headers in deps/ (opforge's own fetcher, `opforge fetch-ort-headers`,
 #      run from the source file: opforge is not built yet)
-#   4. the native build: torch extension, libopforge_ort.so, libopforge_aten.so (editable install,
+#   4. the native build: libopforge_torch.so (stable ABI), libopforge_ort.so, libopforge_aten.so (editable install,
 #      no build isolation; ninja rebuilds only what changed)
 # Re-running it is cheap: each step is skipped or incremental when up to date.
 set -euo pipefail
@@ -35,7 +35,7 @@ else
   "$venv/bin/python" "$root/opforge/build.py" fetch-ort-headers --dest "$root/deps/onnxruntime"
 fi
 
-step 4/4 "build opforge (torch extension, libopforge_ort.so, libopforge_mmdeploy.so, libopforge_aten.so)"
+step 4/4 "build opforge (libopforge_torch.so, libopforge_ort.so, libopforge_mmdeploy.so, libopforge_aten.so)"
 cd "$root"
 "$venv/bin/python" -m pip install --no-build-isolation --no-deps -e . 2>&1 | grep -vE '^\s*$' | tail -n 3
 "$venv/bin/python" -c "import opforge; print('opforge ready:', opforge.ort_library_path())"
