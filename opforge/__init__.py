@@ -1,6 +1,6 @@
 """opforge: PyTorch custom operators end to end.
 
-``import opforge`` loads the torch extension (``torch.ops.opforge.*``) and registers
+``import opforge`` loads the torch op library (``torch.ops.opforge.*``) and registers
 every built-in op through the same public API a package uses for its own ops:
 :func:`register_op` (fake impl, autograd, ONNX schema, TorchScript symbolics; the
 dynamo translation and ``onnx.reference`` op read the registry), and ORT libraries by

@@ -120,7 +120,7 @@ def _check_args(spec: OpSpec, op: torch._ops.OpOverload) -> None:
 def register_op(spec: OpSpec, *, extension: Optional[ModuleType] = None) -> torch._ops.OpOverload:
     """Registers ``spec`` everywhere (see the module doc) and returns the torch op.
 
-    ``extension``: the loaded torch extension module that declares the op; its
+    ``extension``: the loaded torch library that declares the op (:func:`opforge.load_torch_library`); its
     ``WITH_CUDA`` flag (whether its CUDA part loaded: opforge.TorchLibrary) decides whether a
     missing CUDA kernel is an error. Registering the same spec again is a no-op.
     """

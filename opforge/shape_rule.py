@@ -29,6 +29,7 @@ input's named dim keeps its name.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -87,28 +88,30 @@ class ShapeRule:
                                "this name") from None
 
     @functools.cached_property
-    def _signature(self) -> str:
-        if self._library is not None:
-            return self._library.shape_rule_signature(self.qualname)
-        # A torch op: the declarations from its schema's text (the parsed types say int for SymInt).
-        text = str(self._op._schema)
-        return text[text.index("("):text.rindex(") ->") + 1]
-
-    @functools.cached_property
     def _arguments(self) -> list:
-        """(name, kind) of the rule's arguments, from its signature: kind "shape" (a tensor's,
-        ``SymInt[]``), "optional_shape" (``SymInt[]?``), "bool", "float", "int", "ints" (``int[]``) or "floats"
-        (``float[]``)."""
-        text = self._signature
+        """(name, kind) of the rule's arguments: kind "shape" (a tensor's, ``SymInt[]``),
+        "optional_shape" (``SymInt[]?``), "bool", "float", "int", "ints" (``int[]``), "floats"
+        (``float[]``); for a rule that is a torch op, any other type is "value", handed over as is."""
         kinds = {"SymInt[]": "shape", "SymInt[]?": "optional_shape", "bool": "bool", "float": "float",
                  "int": "int", "int[]": "ints", "float[]": "floats"}
-        out = []
-        for part in filter(None, (p.strip() for p in text.strip().strip("()").split(","))):
-            declared, _, name = part.split("=")[0].strip().rpartition(" ")
-            if declared not in kinds:
-                raise RuntimeError(f"ShapeRule: {self.qualname} declares {part!r}; a rule takes SymInt[], "
+        if self._library is not None:
+            text = self._library.shape_rule_signature(self.qualname)
+            declared = []  # (name, type) from "(SymInt[] x, float alpha)"
+            for part in filter(None, (p.strip() for p in text.strip().strip("()").split(","))):
+                type_, _, name = part.rpartition(" ")
+                declared.append((name, type_))
+            unknown = [f"{t} {n}" for n, t in declared if t not in kinds]
+            if unknown:
+                raise RuntimeError(f"ShapeRule: {self.qualname} declares {', '.join(unknown)}; a rule takes SymInt[], "
                                    "SymInt[]?, int, int[], float, float[] and bool arguments")
-            out.append((name, kinds[declared]))
+        else:
+            # A torch op: the declarations from its schema's text (the parsed types say int for SymInt).
+            text = str(self._op._schema)
+            declared = []
+            for arg in self._op._schema.arguments:
+                found = re.search(rf"([\w\[\]?]+) {re.escape(arg.name)}(?=[=,)])", text)
+                declared.append((arg.name, found.group(1) if found else str(arg.type)))
+        out = [(name, kinds.get(t, "value")) for name, t in declared]
         if not any(kind in ("shape", "optional_shape") for _, kind in out):
             raise RuntimeError(f"ShapeRule: {self.qualname} has no SymInt[] argument (a tensor's shape): {text}")
         return out

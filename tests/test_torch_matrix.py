@@ -30,9 +30,9 @@ VENV_ROOT = ROOT / "build" / "torch-venvs"
 #: torchvision as a reference then do not run there).
 TORCHVISION = {"2.10.0": "0.25.0", "2.11.0": "0.26.0", "2.12.1": "0.27.1", "2.13.0": "0.28.0", "2.15.0": None}
 VERSIONS = [v.strip() for v in os.environ.get("OPFORGE_TORCH_MATRIX", "2.10.0").split(",") if v.strip()]
-# The pinned rest of the stack (requirements.txt), so a difference is torch's alone.
-STACK = ["numpy==2.4.6", "onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7.2", "onnx_ir==1.1.0",
-         "pytest==9.2.0"]
+# The pinned rest of the stack (requirements.txt's own pins), so a difference is torch's alone.
+STACK = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+         if line.split("==")[0].strip() in ("numpy", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "pytest")]
 
 #: The checks run there: every op's opforge.testing checks (opcheck, gradcheck in float64, values
 #: against the reference, both exporters -> ORT, bad inputs), the stable library's tests,

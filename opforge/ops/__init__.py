@@ -1,4 +1,4 @@
-"""The torch side of opforge's own ops: C++ kernels (opforge._C) plus, in one module per
+"""The torch side of opforge's own ops: C++ kernels (libopforge_torch.so) plus, in one module per
 op, its spec, fake impl, autograd and user-facing wrappers.
 
 Every module here is imported (so a new op's spec module needs no line in this file),

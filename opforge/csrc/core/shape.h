@@ -1,9 +1,9 @@
 // What an op's shape rule reads and writes, for every Dim: the kernels run the rule with int64_t
-// dims before they allocate; the torch extension registers it as a tensor-free op on c10::SymInt
-// dims (a size that may be symbolic under torch.export / the dynamo exporter), which the fake impl
-// and ONNX shape inference call through opforge.ShapeRule (opforge/shape_rule.py). One rule, so
-// every runtime accepts, refuses and sizes alike. No torch types here: the torch glue
-// (opforge/torch_shape_rule.h) says what a c10::SymInt's number is.
+// dims before they allocate; the torch library registers it on opforge::RuleDim (a size that may be
+// symbolic under torch.export / the dynamo exporter), which the fake impl and ONNX shape inference
+// run through opforge.ShapeRule (opforge/shape_rule.py). One rule, so every runtime accepts, refuses
+// and sizes alike. No torch types here: the torch glue (opforge/torch_shape_rule.h) says what a
+// RuleDim's number is.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ struct Shape {
 };
 
 // DimTraits<Dim>::known(d): d's value when it is a number. Always, for the kernels' int64_t; the
-// torch glue specialises it for c10::SymInt, where a symbolic size has none. Checks that need
+// torch glue specialises it for opforge::RuleDim, where a symbolic size has none. Checks that need
 // numbers (int64 overflow of element counts, the kernels' 32-bit limits) run where every dim they
 // read is known: always in the kernels, and in the fake impl whenever the sizes are concrete.
 //

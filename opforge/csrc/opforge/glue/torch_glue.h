@@ -29,7 +29,7 @@ using FloatList = torch::headeronly::HeaderOnlyArrayRef<double>;
 
 // The cores compute in float32 for the 16-bit dtypes (widened once, results rounded once) and in
 // float64 for float64.
-inline ScalarType compute_type(ScalarType t) { return ::opforge::compute_type(t); }
+using ::opforge::compute_type;
 
 // `t` as a core reads it: contiguous, converted to `as` when given; an absent optional tensor stays
 // undefined. The caller keeps the result alive while the core runs.
@@ -108,12 +108,7 @@ inline void check_allocated(const std::vector<Tensor>& outputs, const char* op, 
 }
 
 // The core's parallel_for(n, grain, body): torch's intra-op pool (torch.set_num_threads).
-struct ParallelFor {
-  template <typename Body>
-  void operator()(int64_t n, int64_t grain, const Body& body) const {
-    ::opforge::parallel_for(0, n, grain, body);
-  }
-};
+using ::opforge::ParallelFor;
 
 }  // namespace OPFORGE_GLUE_NAMESPACE
 }  // namespace torch_glue
