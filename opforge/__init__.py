@@ -34,6 +34,7 @@ from .prototype import PrototypeKernelWarning, register_prototype
 from .registration import OpInputError, OpRegistrationError, check_library, check_same_device, register_op
 from .shape_rule import ShapeRule
 from .spec import AttrArg, OpSpec, TensorArg
+from .aoti import aoti_compile_and_package
 from .torch_library import TorchLibrary, load_torch_library
 from .torchvision_patch import TorchvisionPatch, patch_torchvision, unpatch_torchvision
 from .transformers_patch import (TransformersPatch, patch_transformers, transformers_kernel_mapping,
@@ -65,6 +66,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "aoti_compile_and_package",
     "load_torch_library",
     "torch_library_path",
     "AtenOpRefused",

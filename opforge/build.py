@@ -338,8 +338,7 @@ TORCH_TARGET = (2, 10)
 
 def torch_target_version_flag(target: tuple = TORCH_TARGET) -> str:
     """``-DTORCH_TARGET_VERSION`` for torch ``target``: the stable headers offer only what it has."""
-    major, minor = target
-    return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000ULL"
+    return f"-DTORCH_TARGET_VERSION=0x{target[0]:02x}{target[1]:02x}000000000000ULL"
 
 
 def stable_cxx_flags() -> list[str]:
@@ -367,7 +366,8 @@ def TorchLibrary(name: str, sources: Sequence[str], *, cuda_sources: Sequence[st
     with_cuda = bool(cuda_sources) and cuda_enabled()
     ext = Extension(name, sources=_paths(sources), include_dirs=incs, define_macros=list(define_macros), language="c++",
                     library_dirs=[torch_lib], libraries=["torch_cpu"], extra_compile_args=cxx,
-                    extra_link_args=link, py_limited_api=False)
+                    # the soname: a .pt2 that calls the library's C shims (opforge/torch_c_shim.h) links it by name
+                    extra_link_args=[*link, f"-Wl,-soname,{name.rsplit('.', 1)[-1]}.so"], py_limited_api=False)
     ext.opforge_plain_library = True
     ext.opforge_stale_companion = f"{name.rsplit('.', 1)[-1]}_cuda.so" if cuda_sources and not with_cuda else None
     if with_cuda:

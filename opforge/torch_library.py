@@ -130,7 +130,8 @@ class _RuleCall:
 class TorchLibrary:
     """A loaded torch op library: ``path``; ``WITH_CUDA``, whether its CUDA kernels are registered
     (its CUDA part loaded); ``cuda_part``, ``(state, reason)`` with state ``"not built"``,
-    ``"loaded"`` or ``"failed"`` (reason: why it could not load)."""
+    ``"loaded"`` or ``"failed"`` (reason: why it could not load); ``c_shims``, its AOTInductor C
+    shims as ``(op, device, declaration)`` (:func:`opforge.aoti_compile_and_package`)."""
 
     def __init__(self, path: str):
         self.path = os.path.realpath(path)
@@ -151,6 +152,19 @@ class TorchLibrary:
             state, reason = info(buf, _MESSAGE), buf.value.decode(errors="replace")
         self.cuda_part = ({0: "not built", 1: "loaded", 2: "failed"}.get(state, "failed"), reason)
         self.WITH_CUDA = int(state == 1)
+        self.c_shims = self._read_c_shims()
+
+    def _read_c_shims(self) -> list:
+        """The AOTInductor C shims the library defines (opforge/torch_c_shim.h), as
+        ``(qualified op name, device, C declaration)``; [] for a library without the entry point."""
+        listing = getattr(self._cdll, "opforge_aoti_c_shims_v1", None)
+        if listing is None:
+            return []
+        listing.restype, listing.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+        size = listing(None, 0) + 1
+        buf = ctypes.create_string_buffer(size)
+        listing(buf, size)
+        return [tuple(line.split("\t")) for line in buf.value.decode().splitlines() if line.count("\t") == 2]
 
     def __repr__(self) -> str:
         return f"TorchLibrary({self.path!r}, cuda_part={self.cuda_part[0]!r})"

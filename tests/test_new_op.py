@@ -110,6 +110,37 @@ def test_mixed_model_both_exporters_one_session(scaffold):
     assert status == "ok" and lib == str(pkg_dir / "src" / PKG / f"lib{PKG}_ort.so")
 
 
+@pytest.mark.slow
+def test_aoti_package_calls_the_new_ops_c_shim_beside_opforges(scaffold, tmp_path):
+    """opforge.aoti_compile_and_package on a model mixing opforge.my_add and the new op: the package
+    calls both ops' C shims (the generated one, aoti_torch_cpu_<name>, from the package's library)
+    and matches eager torch at another batch."""
+    python, pkg_dir = scaffold
+    script = textwrap.dedent(f"""
+        import zipfile, torch, opforge, {PKG}
+
+        class Mixed(torch.nn.Module):
+            def forward(self, x, y):
+                return torch.ops.{PKG}.{NAME}(opforge.my_add(x, y), 0.5)
+
+        program = torch.export.export(Mixed(), (torch.randn(2, 6), torch.randn(6)),
+                                      dynamic_shapes=({{0: torch.export.Dim("batch")}}, None))
+        path = opforge.aoti_compile_and_package(program, package_path="{tmp_path}/mixed.pt2")
+        with zipfile.ZipFile(path) as z:
+            src = "".join(z.read(n).decode() for n in z.namelist() if n.endswith(".wrapper.cpp"))
+        assert "proxy_executor_call_function" not in src
+        assert "aoti_torch_cpu_my_add(" in src and "aoti_torch_cpu_{NAME}(" in src
+        runner = torch._inductor.aoti_load_package(path)
+        x, y = torch.randn(5, 6), torch.randn(6)
+        got = runner(x, y)
+        torch.testing.assert_close(got, Mixed()(x, y))
+        print("ok")
+    """)
+    run = _run([python, "-c", script], cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-4000:]
+    assert run.stdout.strip().endswith("ok"), run.stdout
+
+
 def test_moving_a_prototype_to_cpp_changes_neither_model_code_nor_exported_model(scaffold, tmp_path):
     """`new-op --prototype` and `new-op` of the same op: one model script, run against each package,
     exports the same nodes with both exporters, and ORT matches torch and the other package."""

@@ -36,14 +36,15 @@ STACK = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read
 
 #: The checks run there: every op's opforge.testing checks (opcheck, gradcheck in float64, values
 #: against the reference, both exporters -> ORT, bad inputs), the stable library's tests,
-#: torch.compile(fullgraph=True), and the hostile-model and guard tests of the ATen fallback, whose
-#: libopforge_aten.so is built there for that torch first (`opforge build-aten`: it links libtorch's
-#: C++ API, the one library that has no stable ABI).
+#: torch.compile(fullgraph=True), an AOTInductor package on the C-shim route, and the hostile-model
+#: and guard tests of the ATen fallback, whose libopforge_aten.so is built there for that torch
+#: first (`opforge build-aten`: it links libtorch's C++ API, the one library that has no stable ABI).
 COMPAT_TESTS = [
     "tests/test_check_op.py::test_my_add", "tests/test_check_op.py::test_deform_conv2d",
     "tests/test_ms_deform_attn.py::test_check_op", "tests/test_roi_align_rotated.py::test_check_op",
     "tests/test_nms_rotated.py::test_check_op_nms_rotated", "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated",
     "tests/test_torch_library.py", "tests/test_torch_compile.py", "tests/test_aten_hostile.py", "tests/test_aten_guards.py",
+    "tests/test_aoti.py::test_c_shim_package_in_this_torch",
 ]
 NEEDS_TORCHVISION = {"tests/test_roi_align_rotated.py::test_check_op", "tests/test_nms_rotated.py::test_check_op_nms_rotated",
                      "tests/test_nms_rotated.py::test_check_op_batched_nms_rotated"}

@@ -5,8 +5,10 @@ the inputs and torch's eager outputs beside it, for the C++ runner in this folde
 
 The model: a DCNv2 block (deform_conv2d), a multi-scale deformable attention layer
 (ms_deform_attn) and rotated RoI Align (roi_align_rotated); the batch and the roi count are
-dynamic. A custom op is not packaged in the .pt2: the process that loads it registers opforge's
-ops first (Python: `import opforge`; C++: dlopen(opforge.torch_library_path())).
+dynamic. opforge.aoti_compile_and_package compiles it as torch._inductor.aoti_compile_and_package
+does, with the package calling opforge's kernels straight through their C shims instead of torch's
+proxy executor. A custom op is not packaged in the .pt2: the process that loads it loads opforge's
+library first (Python: `import opforge`; C++: dlopen(opforge.torch_library_path())).
 """
 
 import argparse
@@ -64,7 +66,7 @@ def compile_package(model, inputs, path):
     batch, rois = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("rois", min=1, max=1024)
     shapes = ({0: batch}, {0: batch}, {0: batch}, {0: rois})
     program = torch.export.export(model, inputs, dynamic_shapes=shapes)
-    return torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return opforge.aoti_compile_and_package(program, package_path=str(path))
 
 
 def main():

@@ -15,6 +15,7 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -65,11 +66,15 @@ int main(int argc, char** argv) {
     const std::vector<at::Tensor> inputs = load_tensors(data, "inputs");
     const std::vector<at::Tensor> expected = load_tensors(data, "expected");
     std::vector<at::Tensor> outputs = loader.run(inputs);
-    const int runs = 20;
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < runs; ++i) outputs = loader.run(inputs);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / runs;
+    // The median of 200 timed runs: a mean over a few runs swings with one slow run.
+    std::vector<double> times;
+    for (int i = 0; i < 200; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      outputs = loader.run(inputs);
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    const double ms = times[times.size() / 2];
     if (outputs.size() != expected.size()) {
       std::printf("MISMATCH: %zu outputs, expected %zu\n", outputs.size(), expected.size());
       return 1;
@@ -83,7 +88,7 @@ int main(int argc, char** argv) {
       std::printf("output %zu: shape %s, max abs error %.3g: %s\n", i, c10::str(outputs[i].sizes()).c_str(), err,
                   ok ? "ok" : "MISMATCH");
     }
-    std::printf("%.3f ms per run (%d threads)\n", ms, at::get_num_threads());
+    std::printf("%.3f ms per run, median (%d threads)\n", ms, at::get_num_threads());
     if (bad) return 1;
     std::printf("all %zu outputs match torch's\n", outputs.size());
     return 0;

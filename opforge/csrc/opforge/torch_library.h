@@ -2,6 +2,7 @@
 // One source of the library writes OPFORGE_TORCH_LIBRARY_ENTRY_POINTS at namespace scope. It defines:
 //   - opforge_shape_rule_v1: the library's shape rules (opforge/torch_shape_rule.h), which
 //     opforge.ShapeRule runs for the fake impls;
+//   - opforge_aoti_c_shims_v1: the AOTInductor C shims it defines (opforge/torch_c_shim.h);
 //   - opforge_torch_library_info_v1: what the library is (its CUDA part: built, loaded or why not);
 //   - the loading of the CUDA part. A CUDA build puts the CUDA kernels in a companion beside the
 //     library, lib<name>_cuda.so (opforge.build.TorchLibrary), which links the CUDA runtime. The
@@ -19,6 +20,7 @@
 
 #include <torch/csrc/stable/library.h>
 
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_shape_rule.h"
 
 namespace opforge {
@@ -56,6 +58,7 @@ inline void load_cuda_part(const void* anchor) {
 
 #define OPFORGE_TORCH_LIBRARY_ENTRY_POINTS                                                                  \
   OPFORGE_SHAPE_RULE_ENTRY_POINT                                                                            \
+  OPFORGE_AOTI_C_SHIMS_ENTRY_POINT                                                                          \
   extern "C" __attribute__((visibility("default"))) int opforge_torch_library_info_v1(char* reason,        \
                                                                                       size_t cap) {         \
     ::opforge::copy_message(::opforge::cuda_part_state().reason, reason, cap);                              \

@@ -7,6 +7,7 @@
 
 #include "core/deform_conv2d.h"
 #include "deform_conv2d_args.h"
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_op.h"
 #include "opforge/torch_shape_rule.h"
 
@@ -188,6 +189,21 @@ STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
 STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("deform_conv2d", TORCH_BOX(&deform_conv2d_cpu));
   m.impl("_deform_conv2d_backward", TORCH_BOX(&deform_conv2d_backward_cpu));
+}
+
+// AOTInductor's C shim (opforge/torch_c_shim.h): the CPU kernel, called by a .pt2 directly.
+OPFORGE_AOTI_C_SHIM(opforge, cpu, deform_conv2d,
+                    (AtenTensorHandle input, AtenTensorHandle weight, AtenTensorHandle offset, AtenTensorHandle mask,
+                     AtenTensorHandle bias, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                     int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+                     int32_t use_mask, AtenTensorHandle* ret0)) {
+  const char* op = "opforge::deform_conv2d";
+  return c_shim::give(
+      deform_conv2d_cpu(c_shim::borrow_cpu(input, op, "input"), c_shim::borrow_cpu(weight, op, "weight"),
+                        c_shim::borrow_cpu(offset, op, "offset"), c_shim::borrow_cpu(mask, op, "mask"),
+                        c_shim::borrow_cpu(bias, op, "bias"), stride_h, stride_w, pad_h, pad_w, dilation_h,
+                        dilation_w, groups, offset_groups, use_mask != 0),
+      ret0);
 }
 
 }  // namespace opforge

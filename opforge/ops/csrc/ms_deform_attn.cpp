@@ -7,6 +7,7 @@
 
 #include "core/ms_deform_attn.h"
 #include "ms_deform_attn_args.h"
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_op.h"
 #include "opforge/torch_shape_rule.h"
 
@@ -128,6 +129,20 @@ STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
 STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("ms_deform_attn", TORCH_BOX(&ms_deform_attn_cpu));
   m.impl("_ms_deform_attn_backward", TORCH_BOX(&ms_deform_attn_backward_cpu));
+}
+
+// AOTInductor's C shim (opforge/torch_c_shim.h): the CPU kernel, called by a .pt2 directly.
+OPFORGE_AOTI_C_SHIM(opforge, cpu, ms_deform_attn,
+                    (AtenTensorHandle value, AtenTensorHandle spatial_shapes, AtenTensorHandle level_start_index,
+                     AtenTensorHandle sampling_locations, AtenTensorHandle attention_weights, int64_t im2col_step,
+                     AtenTensorHandle* ret0)) {
+  const char* op = "opforge::ms_deform_attn";
+  return c_shim::give(ms_deform_attn_cpu(c_shim::borrow_cpu(value, op, "value"),
+                                         c_shim::borrow_cpu(spatial_shapes, op, "spatial_shapes"),
+                                         c_shim::borrow_cpu(level_start_index, op, "level_start_index"),
+                                         c_shim::borrow_cpu(sampling_locations, op, "sampling_locations"),
+                                         c_shim::borrow_cpu(attention_weights, op, "attention_weights"), im2col_step),
+                      ret0);
 }
 
 }  // namespace opforge

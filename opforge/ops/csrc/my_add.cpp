@@ -2,6 +2,7 @@
 // core (core/my_add.h) on torch's intra-op thread pool.
 #include "core/my_add.h"
 #include "my_add_args.h"
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_op.h"
 #include "opforge/torch_shape_rule.h"
 
@@ -42,6 +43,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("my_add", TORCH_BOX(&my_add_cpu));
+}
+
+// AOTInductor's C shim (opforge/torch_c_shim.h): a .pt2 built by opforge.aoti_compile_and_package
+// calls the CPU kernel here directly, without the dispatcher.
+OPFORGE_AOTI_C_SHIM(opforge, cpu, my_add, (AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* ret0)) {
+  const char* op = "opforge::my_add";
+  return c_shim::give(my_add_cpu(c_shim::borrow_cpu(a, op, "a"), c_shim::borrow_cpu(b, op, "b")), ret0);
 }
 
 }  // namespace opforge

@@ -2,6 +2,7 @@
 // shared core (core/nms_rotated.h), its later-box tests on torch's intra-op
 // pool. The schemas of the op family live here.
 #include "nms_rotated_args.h"
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_op.h"
 
 namespace opforge {
@@ -31,6 +32,25 @@ STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
 STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("nms_rotated", TORCH_BOX(&nms_rotated_cpu));
   m.impl("batched_nms_rotated", TORCH_BOX(&batched_nms_rotated_cpu));
+}
+
+// AOTInductor's C shims (opforge/torch_c_shim.h): the CPU kernels, called by a .pt2 directly.
+OPFORGE_AOTI_C_SHIM(opforge, cpu, nms_rotated,
+                    (AtenTensorHandle boxes, AtenTensorHandle scores, double iou_threshold, AtenTensorHandle* ret0)) {
+  const char* op = "opforge::nms_rotated";
+  return c_shim::give(
+      nms_rotated_cpu(c_shim::borrow_cpu(boxes, op, "boxes"), c_shim::borrow_cpu(scores, op, "scores"), iou_threshold),
+      ret0);
+}
+
+OPFORGE_AOTI_C_SHIM(opforge, cpu, batched_nms_rotated,
+                    (AtenTensorHandle boxes, AtenTensorHandle scores, AtenTensorHandle idxs, double iou_threshold,
+                     AtenTensorHandle* ret0)) {
+  const char* op = "opforge::batched_nms_rotated";
+  return c_shim::give(batched_nms_rotated_cpu(c_shim::borrow_cpu(boxes, op, "boxes"),
+                                              c_shim::borrow_cpu(scores, op, "scores"),
+                                              c_shim::borrow_cpu(idxs, op, "idxs"), iou_threshold),
+                      ret0);
 }
 
 }  // namespace opforge

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/roi_align_rotated.h"
+#include "opforge/torch_c_shim.h"
 #include "opforge/torch_op.h"
 #include "opforge/torch_shape_rule.h"
 #include "roi_align_rotated_args.h"
@@ -89,6 +90,18 @@ STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
 STABLE_TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("roi_align_rotated", TORCH_BOX(&roi_align_rotated_cpu));
   m.impl("_roi_align_rotated_backward", TORCH_BOX(&roi_align_rotated_backward_cpu));
+}
+
+// AOTInductor's C shim (opforge/torch_c_shim.h): the CPU kernel, called by a .pt2 directly.
+OPFORGE_AOTI_C_SHIM(opforge, cpu, roi_align_rotated,
+                    (AtenTensorHandle input, AtenTensorHandle rois, int64_t output_height, int64_t output_width,
+                     double spatial_scale, int64_t sampling_ratio, int32_t aligned, int32_t clockwise,
+                     AtenTensorHandle* ret0)) {
+  const char* op = "opforge::roi_align_rotated";
+  return c_shim::give(roi_align_rotated_cpu(c_shim::borrow_cpu(input, op, "input"), c_shim::borrow_cpu(rois, op, "rois"),
+                                            output_height, output_width, spatial_scale, sampling_ratio, aligned != 0,
+                                            clockwise != 0),
+                      ret0);
 }
 
 }  // namespace opforge
