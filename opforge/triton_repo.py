@@ -25,6 +25,7 @@ from typing import Optional, Sequence, Union
 import onnx
 from onnx import TensorProto
 
+from .model_files import ExternalDataError, copy_extent, external_data_files
 from .ort_kernels import ORTX_DOMAINS, cuda_companion_path, custom_ops, ort_library_path
 from .spec import ATEN_DOMAIN
 
@@ -65,9 +66,24 @@ class TensorSpec:
     dims: tuple
 
 
+def _check_tensor_name(name: str, kind: str) -> None:
+    """A name Triton cannot take is refused here, naming it. Any other name is written escaped
+    (:func:`_quote`), so the config parses back to exactly the model's name."""
+    if not name:
+        raise TritonRepoError(f"an {kind} of the model has an empty name; Triton addresses tensors by name")
+    if "\0" in name:
+        raise TritonRepoError(f"{kind} {name!r} has a NUL character: Triton's backend passes names to ONNX Runtime "
+                              "as C strings, which would cut it there")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TritonRepoError(f"{kind} {name!r} is not valid UTF-8, which Triton's config (proto3) requires") from None
+
+
 def _tensors(values, kind: str, max_batch: int) -> list:
     specs = []
     for v in values:
+        _check_tensor_name(v.name, kind)
         t = v.type.tensor_type
         if not v.type.HasField("tensor_type") or t.elem_type not in TRITON_TYPES:
             raise TritonRepoError(f"{kind} {v.name!r} is not a tensor of a type Triton has "
@@ -117,7 +133,23 @@ def libraries_for(model: onnx.ModelProto) -> list[str]:
 
 
 def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``s`` as a protobuf text-format string: printable ASCII as is (quotes and backslashes
+    escaped), every other byte of its UTF-8 as an octal escape. A newline or any other control
+    character thus never reaches the file raw, and Triton's parser gives back exactly ``s``."""
+    out = []
+    for byte in s.encode("utf-8"):
+        if byte in (0x22, 0x27, 0x5C):  # " ' backslash
+            out.append("\\" + chr(byte))
+        elif 0x20 <= byte < 0x7F:
+            out.append(chr(byte))
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _comment(text: str) -> str:
+    """``text`` for a ``#`` comment line: control characters escaped, so it stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _tensor_block(spec: TensorSpec) -> str:
@@ -160,17 +192,15 @@ def triton_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[Ten
     return "\n".join(t for t in text if t) + "\n"
 
 
-def _copy_model(src: Path, dest_dir: Path, model: onnx.ModelProto) -> None:
-    """The .onnx file, and the files of any external data (their locations are relative to it)."""
+def _copy_model(src: Path, dest_dir: Path, external: list) -> None:
+    """The .onnx file, and its external data files (checked by external_data_files: relative paths
+    inside the model's folder), each cut to the bytes the model's tensors use."""
     dest_dir.mkdir(parents=True)
     shutil.copyfile(src, dest_dir / MODEL_FILE)
-    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
-    for t in tensors:
-        if t.data_location == TensorProto.EXTERNAL:
-            location = next(e.value for e in t.external_data if e.key == "location")
-            (dest_dir / location).parent.mkdir(parents=True, exist_ok=True)
-            if not (dest_dir / location).exists():
-                shutil.copyfile(src.parent / location, dest_dir / location)
+    for file in external:
+        dest = dest_dir / file.location
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        copy_extent(file, dest)
 
 
 @dataclass(frozen=True)
@@ -202,8 +232,13 @@ def write_triton_repo(model_path: Union[str, os.PathLike], repo_dir: Union[str, 
         raise TritonRepoError(f"no model at {src}")
     model = onnx.load(str(src), load_external_data=False)
     name = name or src.stem
-    if not name or "/" in name or name in (".", ".."):
-        raise TritonRepoError(f"{name!r} is not a model name")
+    if not name or name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
+        raise TritonRepoError(f"{name!r} is not a model name: it is the repository's folder name, so no '/', "
+                              "no leading '.', no control characters (pass --name)")
+    try:  # every path the model names, checked before anything is written
+        external = external_data_files(model, src.parent)
+    except ExternalDataError as exc:
+        raise TritonRepoError(f"{src.name}: {exc}") from None
     libraries = libraries_for(model)  # first: a model the backend cannot run at all says so
     inputs, outputs = model_tensors(model, max_batch)
     repo = Path(repo_dir)
@@ -215,7 +250,7 @@ def write_triton_repo(model_path: Union[str, os.PathLike], repo_dir: Union[str, 
         if not force:
             raise TritonRepoError(f"{model_dir} exists; pass --force to replace it")
         shutil.rmtree(model_dir)
-    _copy_model(src, model_dir / "1", model)
+    _copy_model(src, model_dir / "1", external)
     copied, op_paths = [], []
     for library in libraries:
         for path in [library] + ([cuda_companion_path(library)] if cuda_companion_path(library) else []):
@@ -223,7 +258,7 @@ def write_triton_repo(model_path: Union[str, os.PathLike], repo_dir: Union[str, 
         op_paths.append(f"{server_dir}/{Path(library).name}")  # the companion is loaded by the library
     from . import __version__
 
-    header = (f"# Written by `opforge triton-repo` (opforge {__version__}) from {src.name}.\n"
+    header = (f"# Written by `opforge triton-repo` (opforge {__version__}) from {_comment(src.name)}.\n"
               + "".join(f"# {line}\n" for line in (_wrap(VERSION_RULE) if libraries else [])))
     text = triton_config(name, inputs, outputs, max_batch=max_batch, instances=instances, kind=kind,
                          library_paths=op_paths if libraries else (), header=header.rstrip("\n"))

@@ -59,13 +59,39 @@ def add_session_class_hook(choose) -> None:
         _SESSION_CLASS_HOOKS.append(choose)
 
 
-def _load_model(model) -> tuple[Union[str, bytes], onnx.ModelProto]:
-    if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString(), model
-    if isinstance(model, (bytes, bytearray)):
-        return bytes(model), onnx.load_from_string(bytes(model))
+def _load_model(model, external_data_dir=None) -> tuple[Union[str, bytes], onnx.ModelProto]:
+    """(what ONNX Runtime is given, the model). External data is read only from inside one folder
+    (opforge.model_files): a path's own folder; for bytes or a ModelProto, which have none, the
+    caller's ``external_data_dir``, whose files are then read into the bytes ORT gets (never the
+    process's current directory, which ORT would use)."""
+    from ..model_files import ExternalDataError, external_data_files, external_tensors, inline_external_data
+
+    if isinstance(model, (onnx.ModelProto, bytes, bytearray)):
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(bytes(model))
+        external = external_tensors(proto)
+        if not external:
+            return (proto.SerializeToString() if isinstance(model, onnx.ModelProto) else bytes(model)), proto
+        if external_data_dir is None:
+            location = next((e.value for e in external[0].external_data if e.key == "location"), "")
+            raise ExternalDataError(
+                f"opforge.ort_session: tensor {external[0].name!r} keeps its data in an external file "
+                f"({location!r}), and a model given as bytes or a ModelProto has no folder to find it in. Pass "
+                "external_data_dir=<the folder that holds it> (files are read only from inside it), or the "
+                "model's path")
+        inlined = inline_external_data(proto, external_data_dir)
+        try:
+            return inlined.SerializeToString(), inlined
+        except ValueError as exc:  # protobuf's 2 GB limit
+            raise ExternalDataError(f"opforge.ort_session: with its external data read in, the model is too large "
+                                    f"for one protobuf message ({exc}); pass the model's path instead") from None
     path = os.fspath(model)
-    return path, onnx.load(path, load_external_data=False)
+    proto = onnx.load(path, load_external_data=False)
+    folder = os.path.dirname(os.path.abspath(path))
+    if external_data_dir is not None and os.path.realpath(external_data_dir) != os.path.realpath(folder):
+        raise ValueError(f"opforge.ort_session: external_data_dir={os.fspath(external_data_dir)!r} is for a model "
+                         f"given as bytes or a ModelProto; {path!r} reads its external data from its own folder")
+    external_data_files(proto, folder)  # ORT reads them from there: checked first
+    return path, proto
 
 
 def _prepare_aten(data, proto: onnx.ModelProto, allow_aten=None):
@@ -202,6 +228,7 @@ def ort_session(
     register_opforge: Optional[bool] = None,
     register_aten: Optional[bool] = None,
     allow_aten: Optional[Union[str, Sequence[str]]] = None,
+    external_data_dir: Optional[Union[str, os.PathLike]] = None,
 ):
     """An ``onnxruntime.InferenceSession`` for ``model`` (ModelProto, bytes or path) with the
     ORT library of every custom domain the model uses registered, once each (options that
@@ -222,6 +249,11 @@ def ort_session(
     :mod:`opforge.aten.policy`) and a model naming another is refused here, before it
     runs. ``allow_aten={"bernoulli", ...}`` (or ``"*"``) opts a model you trust in; it becomes the
     session config entry ``opforge.aten.allow``, which plain ONNX Runtime users set themselves.
+
+    External data is read only from inside one folder, and every path is checked before anything
+    is read (:mod:`opforge.model_files`: no absolute paths, no ``..``, no symlinks out, regular files
+    only). A model given by path reads it from the path's folder. Bytes and a ModelProto have no
+    folder: their external data is refused unless ``external_data_dir`` names the folder.
     """
     import onnxruntime as ort
 
@@ -230,7 +262,7 @@ def ort_session(
     so = sess_options if sess_options is not None else ort.SessionOptions()
     if intra_op_num_threads is not None:
         so.intra_op_num_threads = intra_op_num_threads
-    data, proto = _load_model(model)
+    data, proto = _load_model(model, external_data_dir)
     needed = custom_ops(proto)
     from ..symbolics.onnx_schema import check_node_types
 
