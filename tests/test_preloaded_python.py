@@ -180,3 +180,62 @@ def test_pip_and_its_build_hooks_are_forked_and_a_pth_added_later_is_read_by_eac
                                        preloaded_python._site_state(python)) is None
     imported = run_command([python, "-c", "import opf_hook_probe; print(opf_hook_probe.VALUE)"], cwd="/", fresh=True)
     assert imported.stdout == "42\n", imported.stderr
+
+
+KILLED_RUN_DRIVER = r"""
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import preloaded_python
+
+preloaded_python.run_python(["-c", "pass"])  # the server, started by this (main) thread
+server = next(iter(preloaded_python._servers.values()))["proc"].pid
+threading.Thread(target=preloaded_python.run_python, daemon=True,
+                 args=(["-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"],)).start()
+print(server, flush=True)
+time.sleep(600)
+"""
+
+
+def _children(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is gone but for its parent's wait
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGKILL to the test process", "SIGTERM to its process group"])
+def test_killing_the_test_run_leaves_no_server_and_no_run_behind(how):
+    """A test process that started a server and a run (which itself started `sleep`) is killed:
+    the server, the run and the run's child all end within seconds."""
+    import signal
+
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_RUN_DRIVER, os.path.dirname(__file__)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        server = int(driver.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not (_children(server) and _children(_children(server)[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (run,) = _children(server)
+        (sleeper,) = _children(run)
+        if how.startswith("SIGKILL"):
+            driver.kill()
+        else:
+            os.killpg(driver.pid, signal.SIGTERM)
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(map(_alive, (server, run, sleeper))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, (server, run, sleeper))), {p: _alive(p) for p in (server, run, sleeper)}
+    finally:
+        if driver.poll() is None:
+            driver.kill()
