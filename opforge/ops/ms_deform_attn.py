@@ -260,7 +260,17 @@ def ms_deform_attn(value: torch.Tensor, spatial_shapes: torch.Tensor, level_star
                    im2col_step: int = 64) -> torch.Tensor:
     """Multi-scale deformable attention: ``(N, Lq, M*D)``. Arguments and semantics of mmcv's
     ``MultiScaleDeformableAttnFunction.apply`` (see the module docstring); differentiable. Bad
-    input raises :class:`opforge.OpInputError` naming the argument."""
+    input raises :class:`opforge.OpInputError` naming the argument. Works in ``torch.jit.script``
+    (where a bad input raises the kernel's RuntimeError)."""
+    if not torch.jit.is_scripting():  # TorchScript compiles only the op call below
+        return _ms_deform_attn_eager(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                     im2col_step)
+    return torch.ops.opforge.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations,
+                                            attention_weights, im2col_step)
+
+
+def _ms_deform_attn_eager(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                          im2col_step):
     try:
         return ms_deform_attn_op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                                  im2col_step)
@@ -331,8 +341,10 @@ class MSDeformAttn(torch.nn.Module):
         offsets = self.sampling_offsets(query).view(n, lq, self.n_heads, self.n_levels, self.n_points, 2)
         weights = self.attention_weights(query).view(n, lq, self.n_heads, self.n_levels * self.n_points)
         weights = weights.softmax(-1).view(n, lq, self.n_heads, self.n_levels, self.n_points)
-        with Untraced():  # the coordinate count picks the formula; the graph holds the one taken
+        if torch.jit.is_scripting():
             coords = reference_points.shape[-1]
+        else:
+            coords = _coordinate_count(reference_points)
         if coords == 2:
             # offsets are in pixels of each level: normalise by (W_l, H_l)
             normaliser = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1).to(offsets.dtype)
@@ -344,7 +356,18 @@ class MSDeformAttn(torch.nn.Module):
                          + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
         else:
             raise ValueError("opforge.MSDeformAttn: reference_points must end in 2 (points) or 4 (boxes) "
-                             f"coordinates, got shape {list(reference_points.shape)}")
-        out = ms_deform_attn_op(value, input_spatial_shapes, input_level_start_index, locations, weights,
-                                self.im2col_step)
+                             "coordinates, got shape " + str(reference_points.shape))
+        if torch.jit.is_scripting():
+            out = torch.ops.opforge.ms_deform_attn(value, input_spatial_shapes, input_level_start_index, locations,
+                                                   weights, self.im2col_step)
+        else:
+            out = ms_deform_attn_op(value, input_spatial_shapes, input_level_start_index, locations, weights,
+                                    self.im2col_step)
         return self.output_proj(out)
+
+
+def _coordinate_count(reference_points: torch.Tensor) -> int:
+    """The last dim of ``reference_points`` (2: points, 4: boxes), which picks MSDeformAttn's
+    formula: read untraced, so a traced graph holds the formula taken, not a shape lookup."""
+    with Untraced():
+        return reference_points.shape[-1]

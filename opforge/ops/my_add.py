@@ -99,7 +99,14 @@ my_add_op = register_op(MY_ADD, extension=_C)
 
 def my_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``2*a + b`` (broadcasting; float16/bfloat16/float32/float64), differentiable. Bad input raises
-    :class:`opforge.OpInputError` (a ValueError, TypeError and RuntimeError) naming the argument."""
+    :class:`opforge.OpInputError` (a ValueError, TypeError and RuntimeError) naming the argument.
+    Works in ``torch.jit.script`` (where a bad input raises the kernel's RuntimeError)."""
+    if not torch.jit.is_scripting():  # TorchScript compiles only the op call below
+        return _my_add_eager(a, b)
+    return torch.ops.opforge.my_add(a, b)
+
+
+def _my_add_eager(a, b):
     try:
         return my_add_op(a, b)
     except RuntimeError as e:  # the kernel's check (a RuntimeError across the stable ABI)
