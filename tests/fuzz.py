@@ -856,8 +856,10 @@ def nms_case(rng, front_end):
         boxes[some, 2 + int(rng.integers(2))] = pick(rng, [0.0, -1.0, -0.0, -1e-3])
     elif edge == "huge_angle":
         boxes[some, 4] = [big(dtype, pick(rng, [1e30, -1e30, 1e20, 3e38])) for _ in range(int(some.sum()))]
-    elif edge == "huge_coords":  # the whole scene scaled up (IoU does not change)
-        boxes[:, :4] *= 2000.0 if dtype == torch.float16 else pick(rng, [1e29, 1e15, 3e36])
+    elif edge == "huge_coords":  # the whole scene scaled (IoU does not change); float64 past ~1e154 and below
+        # ~1e-154, where products of coordinates leave its range (the kernels scale such pairs first)
+        boxes[:, :4] *= 2000.0 if dtype == torch.float16 else \
+            pick(rng, [1e29, 1e15, 3e36] + ([1e160, 1e300, 1e-170, 1e-300] if dtype == torch.float64 else []))
     elif edge == "far_boxes":  # some boxes far away, each at its own place
         far = 3e4 if dtype == torch.float16 else pick(rng, [1e30, 1e20])
         step = 2e3 if dtype == torch.float16 else far
@@ -904,11 +906,11 @@ def nms_case(rng, front_end):
     elif invalid == "idxs_shape":
         shapes["idxs"] = pick(rng, [[n + 1], [n, 1], [1, n]] + ([[n - 1]] if n else []) + ([[]] if n != 1 else []))
     elif invalid == "idxs_dtype":
-        if call == "wrapper":  # the wrapper converts integer-valued idxs: these are not
-            dts["idxs"] = pick(rng, [torch.float32, torch.float64])
-            labels = labels + 0.5
-        else:
-            dts["idxs"] = pick(rng, [torch.int32, torch.float32, torch.float64, torch.uint8, torch.bool])
+        if call == "wrapper" or rng.random() < 0.5:  # float idxs reach the kernels: values no int64 holds
+            dts["idxs"] = pick(rng, [torch.float32, torch.float64, torch.float16])
+            labels = labels + pick(rng, [0.5, -0.25, 1e19, 2.0**63, 1e30, math.inf, -math.inf, math.nan])
+        else:  # the wrapper converts these (exactly); the op and ORT take int64 and float idxs only
+            dts["idxs"] = pick(rng, [torch.int32, torch.uint8, torch.bool])
     elif invalid == "threshold":
         threshold = pick(rng, [-0.5, 2.0, math.nan, math.inf, -math.inf, -1e-3, 1.5])
     elif invalid == "dtype_mismatch":
@@ -918,7 +920,8 @@ def nms_case(rng, front_end):
     why = NMS_WHY.get(invalid)
     if why and row is not None:
         why = why.format(row=row, col=col)
-    if front_end == "ort" and invalid in NMS_WHY_ORT:
+    float_idxs = invalid == "idxs_dtype" and dts["idxs"].is_floating_point  # refused by the kernel, as in torch
+    if front_end == "ort" and invalid in NMS_WHY_ORT and not float_idxs:
         why = NMS_WHY_ORT[invalid]
 
     def make(name, data):

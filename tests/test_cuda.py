@@ -583,6 +583,24 @@ def test_nms_rotated_cuda_axis_aligned_matches_torchvision():
 
 
 @needs_cuda_build
+@pytest.mark.parametrize("scale", [2.0 ** 600, 1e300, 2.0 ** -600, 1e-300], ids=str)
+def test_nms_rotated_cuda_at_extreme_scales(scale):
+    """float64 boxes whose products overflow or underflow float64 (the mask kernel's instance that
+    scales such pairs) keep on the GPU what the CPU keeps: what the boxes unscaled keep. Float idxs
+    holding integers too."""
+    boxes, scores = _nms_case(300, seed=9, extent=60.0, near_copies=80)
+    labels = torch.arange(300) % 3
+    scaled = boxes.clone()
+    scaled[:, :4] *= scale
+    want = opforge.nms_rotated(boxes, scores, 0.5)
+    assert opforge.nms_rotated(scaled, scores, 0.5).tolist() == want.tolist()
+    assert opforge.nms_rotated(scaled.to(DEV), scores.to(DEV), 0.5).cpu().tolist() == want.tolist()
+    want = opforge.batched_nms_rotated(boxes, scores, labels, 0.5)
+    got = opforge.batched_nms_rotated(scaled.to(DEV), scores.to(DEV), labels.double().to(DEV), 0.5)
+    assert got.cpu().tolist() == want.tolist()
+
+
+@needs_cuda_build
 @pytest.mark.slow
 def test_nms_rotated_cuda_mask_in_several_chunks():
     """30,000 boxes: the suppression mask (N x N bits) is built in several chunks of rows."""

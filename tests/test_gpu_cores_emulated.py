@@ -631,6 +631,23 @@ def test_nms_rotated_mask_items_match_cpu_and_reference(emu, n, thr, batched, se
         assert len(want) == n if thr == 1.0 else 0 < len(want) < n
 
 
+@pytest.mark.parametrize("scale", [2.0 ** 600, 1e300, 2.0 ** -600, 1e-300], ids=str)
+def test_nms_rotated_mask_items_at_extreme_scales(emu, scale):
+    """The mask items' instance for plans with extreme boxes (the CUDA launcher picks it): scaled
+    boxes (exactly, powers of two, or nearly) keep what the boxes unscaled keep, as the CPU kernel does."""
+    n, thr, seed = 65, 0.5, 6
+    boxes, scores, labels = _nms_boxes(n, seed)
+    want = _nms_reference(n, thr, False, seed)
+    scaled = boxes.copy()
+    scaled[:, :4] *= scale
+    np.testing.assert_array_equal(torch.ops.opforge.nms_rotated(torch.from_numpy(scaled), torch.from_numpy(scores),
+                                                                thr).numpy(), want)
+    for chunk_rows in (0, 7):
+        rc, keep = _nms_emulate(emu, scaled, scores, None, thr, chunk_rows)
+        assert rc == 0, emu.emu_last_error()
+        np.testing.assert_array_equal(keep, want)
+
+
 def test_nms_rotated_chunk_rows_bound_the_mask(emu):
     """The kernel's chunk: every row while the whole mask fits 64 MiB, then as many rows as fit, at least one."""
     for n in (1, 63, 64, 65, 1000, 10**5, 10**6, 10**8, 10**10):
@@ -727,6 +744,29 @@ def test_rotated_box_iou_special_pairs(emu):
     np.testing.assert_allclose(got, exact, rtol=0, atol=1e-9)
     np.testing.assert_allclose(_ref_iou(a, b), exact, rtol=0, atol=1e-9)
     assert got[3] == 0.0 and got[4] == 0.0 and got[-2] == 0.0 and got[-1] == 0.0
+
+
+def test_rotated_box_iou_at_extreme_scales(emu):
+    """IoUs by hand (a cross: 1/7; half overlap: 1/3; one box inside another: 2/80; copies: 1;
+    apart: 0) at scales where float64's products of coordinates overflow or underflow: the pair is
+    scaled by a power of two first, so the IoU is the same."""
+    pairs = [((0, 0, 4, 1, 0.0), (0, 0, 4, 1, np.pi / 2), 1 / 7), ((0, 0, 2, 2, 0.3), (0, 0, 2, 2, 0.3), 1.0),
+             ((1, 1, 3, 1, 0.0), (2.5, 1, 3, 1, 0.0), 1 / 3), ((0, 0, 10, 8, 0.3), (0.5, -0.2, 2, 1, 1.1), 2 / 80),
+             ((0, 0, 2, 2, 0.3), (10, 0, 2, 2, -0.3), 0.0)]
+    a0 = np.array([p[0] for p in pairs], dtype=np.float64)
+    b0 = np.array([p[1] for p in pairs], dtype=np.float64)
+    exact = np.array([p[2] for p in pairs])
+    for scale in (2.0 ** 520, 2.0 ** 1010, 1e154, 1e300, 2.0 ** -520, 2.0 ** -1060, 1e-170, 1e-300):
+        a, b = a0.copy(), b0.copy()
+        a[:, :4] *= scale
+        b[:, :4] *= scale
+        np.testing.assert_allclose(_emu_iou(emu, a, b), exact, rtol=0, atol=1e-12, err_msg=str(scale))
+        np.testing.assert_allclose(_ref_iou(a, b), exact, rtol=0, atol=1e-9, err_msg=str(scale))
+    # a huge box and a small one (area ratio 1e-300): IoU 1e-300, nothing at float64's precision of 1
+    got = _emu_iou(emu, np.array([[0, 0, 1e200, 1e200, 0.0]]), np.array([[0, 0, 1e50, 1e50, 0.0]]))
+    assert 0 <= got[0] <= 1e-290
+    # centres 2e308 apart (their difference overflows): apart, IoU 0
+    assert _emu_iou(emu, np.array([[1e308, 0, 1e308, 1, 0.0]]), np.array([[-1e308, 0, 1e308, 1, 0.0]]))[0] == 0
 
 
 def test_rotated_box_iou_axis_aligned_matches_rectangle_overlap(emu):

@@ -2,13 +2,16 @@
 with onnx.helper; the files mmdeploy exported itself are tests/test_mmdeploy_exported.py), against
 independent references: torchvision's deform_conv2d, the plain-PyTorch roi_align_rotated of
 test_roi_align_rotated, nms_rotated's numpy greedy (its own polygon construction) per image and
-class, and a plain-Python nms_match. Also: INT and INTS attributes, absent and omitted bias, the
-mmcv domain, every float type, empty outputs, ties, hostile values and bad nodes (clear errors, no
-crash), and how the library meets opforge.ort_session and other libraries."""
+class, and a plain-Python nms_match (its IoU rounded to float32 as mmdeploy's kernel's; exact ties by
+hand). Also: INT and INTS attributes, absent and omitted bias, the mmcv domain, every float type,
+empty outputs, ties, hostile values and bad nodes (clear errors, no crash), MMCVRoIAlignRotated's
+budgets (opforge's session config entries), and how the library meets opforge.ort_session and other
+libraries."""
 
 import json
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import opforge
 from opforge.ops.nms_rotated import _greedy
 from opforge.testing import node_model
 from opforge.testing.support import _ort_run
-from test_roi_align_rotated import torch_roi_align_rotated
+from test_roi_align_rotated import BUDGET_CASES, MAX_SAMPLES, check_linear, linear_case, torch_roi_align_rotated
 
 F32, F64, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
 ONNX_TYPE = {torch.float32: F32, torch.float64: F64, torch.float16: F16, torch.bfloat16: BF16}
@@ -285,6 +288,38 @@ def test_roi_align_rotated_bad_attributes_fail_the_session():
                           aligned=2, clockwise=0))
 
 
+def _budget_session(size, sr, entries=()):
+    so = onnxruntime.SessionOptions()
+    so.log_severity_level = 4
+    for key, value in entries:
+        so.add_session_config_entry(key, str(value))  # read when the library is registered, next
+    so.register_custom_ops_library(opforge.mmdeploy_library_path())
+    model = roi_model(torch.float32, output_height=size, output_width=size, spatial_scale=1.0, sampling_ratio=sr,
+                      aligned=1, clockwise=0)
+    return onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name,x,rois,size,sr,match", BUDGET_CASES, ids=[c[0] for c in BUDGET_CASES])
+def test_roi_align_rotated_budgets_refuse_the_hostile_calls_quickly(name, x, rois, size, sr, match):
+    sess = _budget_session(size, sr)
+    start = time.perf_counter()
+    with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument,
+                       match=f"INVALID_ARGUMENT.*mmdeploy::MMCVRoIAlignRotated: {match}"):
+        sess.run(None, {"input": x.numpy(), "rois": rois.numpy()})
+    assert time.perf_counter() - start < 1.0, "the refusal took the time of the work"
+
+
+def test_roi_align_rotated_budgets_are_opforge_session_entries():
+    # the same entries as opforge's node: 8 x 256 x 64 x 64 x 17^2 = 2.42e9 samples, 1.13x the default
+    x, rois, reference = linear_case(8, 256, 64)
+    feeds = {"input": x.numpy(), "rois": rois.numpy()}
+    with pytest.raises(Exception, match=r"MMCVRoIAlignRotated: the call would take 2424307712 bilinear samples"):
+        _budget_session(64, 17).run(None, feeds)
+    check_linear(_budget_session(64, 17, [(MAX_SAMPLES, 3 << 30)]).run(None, feeds)[0], reference)
+    with pytest.raises(Exception, match=rf"session config entry '{MAX_SAMPLES}' must be a positive integer"):
+        _budget_session(64, 17, [(MAX_SAMPLES, "lots")])
+
+
 # ---- NMSRotated ---------------------------------------------------------------------------------
 
 
@@ -348,6 +383,19 @@ def test_nms_rotated_edges():
     assert run(model, hostile, scores).tolist() == [[0, 0, 0]]
 
 
+def test_nms_rotated_extreme_scales():
+    """float64 boxes whose products leave float64's range (sides 1e200 or 1e-200): opforge's core
+    scales such pairs, so the rows are those of the boxes unscaled (and of the reference)."""
+    boxes, scores = detections(2, 40, 3, seed=5, dtype=torch.float64)
+    model = nms_rotated_model(torch.float64, iou_threshold=0.3, score_threshold=0.1)
+    want = nms_rotated_reference(boxes, scores, 0.3, 0.1)
+    assert len(want) > 20
+    for scale in (1e200, 1e-200, 2.0 ** 700):
+        scaled = boxes.clone()
+        scaled[..., :4] *= scale
+        np.testing.assert_array_equal(run(model, scaled, scores).numpy(), want, err_msg=str(scale))
+
+
 def test_nms_rotated_hostile_values_and_nodes():
     model = nms_rotated_model(torch.float32, iou_threshold=0.5, score_threshold=0.1)
     boxes, scores = detections(1, 6, 2, seed=2)
@@ -375,8 +423,8 @@ def test_nms_rotated_hostile_values_and_nodes():
 def nms_match_reference(boxes, scores, iou_threshold, score_threshold):
     """mmdeploy's NMSMatch from its definition, in plain Python: per image and class, boxes by
     decreasing score (ties by index); each unmatched box leads the later unmatched boxes with IoU >=
-    iou_threshold; rows (image, class, leader, member) of groups whose leader scores above
-    score_threshold."""
+    iou_threshold, the IoU rounded to float32 as mmdeploy's kernel returns it; rows (image, class,
+    leader, member) of groups whose leader scores above score_threshold."""
     b, s = boxes.double().tolist(), scores.double().tolist()
     rows = []
     for n in range(len(b)):
@@ -394,7 +442,7 @@ def nms_match_reference(boxes, scores, iou_threshold, score_threshold):
                     u1, v1, u2, v2 = b[n][j]
                     inter = max(0.0, min(x2, u2) - max(x1, u1)) * max(0.0, min(y2, v2) - max(y1, v1))
                     union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
-                    if inter / (union + 1e-10) >= iou_threshold:
+                    if float(np.float32(inter / (union + 1e-10))) >= iou_threshold:
                         matched.add(j)
                         group.append(j)
                 if group and s[n][c][i] > score_threshold:
@@ -428,6 +476,23 @@ def test_nms_match_matches_the_reference(dtype, threshold_dtype, n, b, c, iou, s
     want = nms_match_reference(boxes, scores, thresholds[0].double().item(), thresholds[1].double().item())
     np.testing.assert_array_equal(got.numpy(), want)
     assert len(want) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_nms_match_rounds_the_iou_to_float_as_mmdeploy(dtype):
+    """mmdeploy's kernel returns the IoU as float and compares it `>=` the threshold. By hand: box 1
+    is the left half of box 0, IoU = 1 / (2 + 1 - 1 + 1e-10) = 0.5 - 2.5e-11, which is 0.5 in
+    float32: it matches at threshold 0.5 (in float64 alone it did not), not at the next float32
+    above. Box 3 covers 0.99999 of box 2's left half, IoU 0.499995: below 0.5 after rounding too."""
+    model = nms_match_model(dtype)
+    boxes = torch.tensor([[[0.0, 0.0, 2.0, 1.0], [0.0, 0.0, 1.0, 1.0], [10.0, 10.0, 12.0, 11.0],
+                           [10.0, 10.0, 10.99999, 11.0]]], dtype=dtype)
+    scores = torch.tensor([[[0.9, 0.8, 0.7, 0.6]]], dtype=dtype)
+    above = float(np.nextafter(np.float32(0.5), np.float32(1)))
+    for threshold, want in ((0.5, [[0, 0, 0, 1]]), (above, []), (0.4999, [[0, 0, 0, 1], [0, 0, 2, 3]])):
+        thresholds = [torch.tensor([threshold], dtype=torch.float32), torch.tensor([0.1], dtype=torch.float32)]
+        assert run(model, boxes, scores, *thresholds).tolist() == want, threshold
+        assert nms_match_reference(boxes, scores, float(np.float32(threshold)), 0.1).tolist() == want, threshold
 
 
 def test_nms_match_edges_and_hostile_values():

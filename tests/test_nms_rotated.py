@@ -3,8 +3,10 @@ hard-coded case (and its mirror image), torchvision's nms / batched_nms on axis-
 spec's greedy numpy reference (its own polygon construction) on random rotated boxes with tied
 scores and duplicates, in every dtype; IoU invariances (half turns, quarter turns with w and h
 swapped, mirror images) seen through the kept indices; check_op's round trips (opcheck,
-references, both exporters, ORT, bad samples); exported models at other box counts; and hostile
-boxes, scores, labels and thresholds, which torch and ONNX Runtime refuse alike."""
+references, both exporters, ORT, bad samples); exported models at other box counts; idxs at the
+ends of int64 (exact) and float idxs no int64 holds (refused); boxes at extreme scales (1e-300 ..
+1e300, float64's products out of range) keeping what the same boxes at 1 keep; and hostile boxes,
+scores, labels and thresholds, which torch and ONNX Runtime refuse alike."""
 
 import functools
 import importlib
@@ -304,6 +306,155 @@ def test_labels_are_compared_only_for_equality():
         opforge.batched_nms_rotated(boxes, scores, torch.tensor([0, 0.5, 1, 1]), 0.5)
 
 
+# ---- idxs at the edges: exact int64 categories, or an error --------------------------------------
+
+
+def per_class_torchvision(boxes, scores, labels, threshold):
+    """torchvision's nms run on each category's boxes alone (angle-0 boxes as corners), labels
+    compared as Python numbers: the kept indices by decreasing score."""
+    keep = []
+    for label in set(labels):
+        where = torch.tensor([i for i, other in enumerate(labels) if other == label])
+        keep += where[torchvision.ops.nms(_xyxy(boxes[where]).double(), scores[where].double(), threshold)].tolist()
+    return sorted(keep, key=lambda i: (-float(scores[i]), i))
+
+
+SAME_BOXES = torch.tensor([[5.0, 5.0, 6.0, 4.0, 0.0]] * 4, dtype=torch.float64)  # IoU 1 in every pair
+SAME_SCORES = torch.tensor([0.9, 0.8, 0.7, 0.6], dtype=torch.float64)
+
+
+def test_int64_idxs_at_the_ends_of_int64_stay_exact():
+    """INT64_MAX and INT64_MAX - 1 are one number in float64 (2^63): the labels are never rounded."""
+    top, bottom = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min
+    for labels in ([top, top - 1, bottom, bottom + 1], [top, bottom, top, bottom + 1], [top - 1, top, top - 1, top]):
+        want = per_class_torchvision(SAME_BOXES, SAME_SCORES, labels, 0.5)
+        idxs = torch.tensor(labels)
+        assert_keep(opforge.batched_nms_rotated(SAME_BOXES, SAME_SCORES, idxs, 0.5), want)
+        assert_keep(run_in_ort(BATCHED_NMS_ROTATED, (SAME_BOXES, SAME_SCORES, idxs, 0.5)), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_float_idxs_holding_int64_values_are_those_categories(dtype):
+    """Float idxs go to the op as they are; integers in [-2^63, 2^63) are exactly those categories."""
+    bits, top = {torch.float64: (53, 63), torch.float32: (24, 63), torch.float16: (11, 15),
+                 torch.bfloat16: (8, 63)}[dtype]  # mantissa bits; 2^top is in the dtype's range
+    huge = [-2.0 ** top, 2.0 ** (top - 1), -2.0 ** top, 2.0 ** bits + 2]  # each exact in the dtype
+    for labels in (huge, [3.0, -0.0, 0.0, 3.0], [7.0, 7.0, 7.0, 7.0]):
+        want = per_class_torchvision(SAME_BOXES, SAME_SCORES, labels, 0.5)
+        idxs = torch.tensor(labels, dtype=dtype)
+        assert idxs.tolist() == labels
+        assert_keep(opforge.batched_nms_rotated(SAME_BOXES, SAME_SCORES, idxs, 0.5), want)
+        assert_keep(torch.ops.opforge.batched_nms_rotated(SAME_BOXES, SAME_SCORES, idxs, 0.5), want)
+        assert_keep(run_in_ort(BATCHED_NMS_ROTATED, (SAME_BOXES, SAME_SCORES, idxs, 0.5)), want)
+    assert want == [0]
+
+
+# (value, dtype, how the message shows it): no int64 holds these, and a cast (C's, torch's .to(int64),
+# ONNX's Cast) turned every one of the first six into INT64_MIN, merging their categories
+NOT_INT64 = [(1e19, torch.float64, r"1e\+19"), (1e19, torch.float32, r"1e\+19"),
+             (1e30, torch.float64, r"1e\+30"), (2.0 ** 63, torch.float64, r"9\.223372036854776e\+18"),
+             (math.inf, torch.float32, "inf"), (-math.inf, torch.float64, "-inf"), (math.nan, torch.float64, "nan"),
+             (math.inf, torch.float16, "inf"),
+             (-2.0 ** 63 * (1 + 2.0 ** -52), torch.float64, r"-9\.223372036854778e\+18"),  # next below -2^63
+             (0.5, torch.float32, r"0\.5"), (-2.5, torch.bfloat16, r"-2\.5")]
+
+
+@pytest.mark.parametrize("value,dtype,shown", NOT_INT64, ids=[f"{v}-{str(d)[6:]}" for v, d, _ in NOT_INT64])
+def test_float_idxs_outside_int64_are_refused_in_torch_and_ort(value, dtype, shown):
+    idxs = torch.tensor([0.0, value, -2.0], dtype=dtype)
+    boxes, scores = SAME_BOXES[:3], SAME_SCORES[:3]
+    # torchvision's batched_nms keeps all three (three categories); a silent cast kept [0, 1]
+    match = rf"{BOP}: idxs must hold integer categories in int64's range \[-2\^63, 2\^63\), got idxs\[1\] = {shown}$"
+    with pytest.raises(opforge.OpInputError, match="^" + match):
+        opforge.batched_nms_rotated(boxes, scores, idxs, 0.5)
+    with pytest.raises(RuntimeError, match="^" + match):
+        torch.ops.opforge.batched_nms_rotated(boxes, scores, idxs, 0.5)
+    with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument, match="INVALID_ARGUMENT.*" + match):
+        run_in_ort(BATCHED_NMS_ROTATED, (boxes, scores, idxs, 0.5))
+
+
+def test_float_idxs_reach_the_exported_node_uncast():
+    """The wrapper passes float idxs to the op, so both exporters write them into the node as they
+    are and ONNX Runtime refuses what torch refuses (a Cast to int64 in the graph would not)."""
+
+    class PerClass(torch.nn.Module):
+        def forward(self, boxes, scores, labels):
+            return opforge.batched_nms_rotated(boxes, scores, labels, 0.5)
+
+    boxes, scores = SAME_BOXES.float()[:3], SAME_SCORES.float()[:3]
+    labels = torch.tensor([0.0, 1.0, 0.0])
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    for dynamo in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = opforge.export(PerClass(), (boxes, scores, labels), dynamo=dynamo,
+                                   input_names=["boxes", "scores", "labels"])
+        assert [n.op_type for n in proto.graph.node] == ["batched_nms_rotated"], dynamo
+        sess = opforge.ort_session(proto, options)
+        feeds = {"boxes": boxes.numpy(), "scores": scores.numpy()}
+        assert sess.run(None, {**feeds, "labels": labels.numpy()})[0].tolist() == [0, 1]
+        with pytest.raises(Exception, match=r"idxs must hold integer categories .* got idxs\[1\] = 1e\+30"):
+            sess.run(None, {**feeds, "labels": np.array([0.0, 1e30, -1e30], np.float32)})
+
+
+# ---- extreme coordinates: the same boxes at any scale ---------------------------------------------
+# The IoU does not change when both boxes are scaled alike. Products of sides or offsets beyond ~1e154
+# (or below ~1e-154) leave float64's range, so the kernels scale such pairs by a power of two first.
+
+EXTREME_SCALES = [2.0 ** 520, 2.0 ** 1000, 1e154, 1e300, 2.0 ** -520, 2.0 ** -1000, 1e-170, 1e-300]
+
+
+@pytest.mark.parametrize("scale", EXTREME_SCALES, ids=str)
+def test_extreme_scales_keep_what_moderate_boxes_keep(scale):
+    """mmcv's boxes scaled: the keep sets at thresholds between their IoUs (0.19 .. 0.72, the
+    reference's polygon construction) stay those of test_mmcv_case_iou_and_thresholds."""
+    boxes, scores = torch.tensor(MMCV_BOXES, dtype=torch.float64), torch.tensor(MMCV_SCORES, dtype=torch.float64)
+    scaled = boxes.clone()
+    scaled[:, :4] *= scale
+    assert torch.isfinite(scaled).all() and (scaled[:, 2:4] > 0).all()
+    for threshold, want in ((0.8, [3, 1, 0, 2]), (0.5, [3, 1, 0]), (0.42, [3, 0, 2]), (0.3, [3, 0]), (0.1, [3])):
+        assert_keep(opforge.nms_rotated(scaled, scores, threshold), want)
+        assert_keep(reference(scaled, scores, threshold), want)  # the spec's reference scales such pairs too
+    assert_keep(run_in_ort(NMS_ROTATED, (scaled, scores, 0.5)), [3, 1, 0])
+    # two copies of one box: IoU 1, the lower score goes
+    assert_keep(opforge.nms_rotated(scaled[[1, 1]], scores[:2], 0.99), [1])
+    assert_keep(run_in_ort(NMS_ROTATED, (scaled[[1, 1]], scores[:2], 0.99)), [1])
+
+
+@pytest.mark.parametrize("dtype,scales", [(torch.float64, [2.0 ** 600, 2.0 ** 1015, 2.0 ** -600, 2.0 ** -1040]),
+                                          (torch.float32, [2.0 ** 64, 2.0 ** 100, 2.0 ** -100, 2.0 ** -120])],
+                         ids=str)
+def test_extreme_scales_at_angle_zero_are_torchvision_nms(dtype, scales):
+    """Axis-aligned boxes scaled by powers of two (exactly, but for the last bits of subnormal values at
+    2^-1040) keep what torchvision's nms keeps for the boxes unscaled (it overflows on the scaled ones)."""
+    boxes, scores = random_boxes(60, seed=11, extent=30.0, angles=False, near_copies=20)
+    threshold = away_from(iou_matrix(boxes), 0.5)
+    want = torchvision.ops.nms(_xyxy(boxes), scores, threshold)
+    assert 10 < len(want) < 60
+    for scale in scales:
+        scaled = boxes.to(dtype) * torch.tensor([scale] * 4 + [1.0], dtype=dtype)
+        assert torch.isfinite(scaled).all() and (scaled[:, 2:4] > 0).all()
+        assert_keep(opforge.nms_rotated(scaled, scores.to(dtype), threshold), want)
+    assert_keep(run_in_ort(NMS_ROTATED, (scaled, scores.to(dtype), threshold)), want)
+
+
+def test_huge_boxes_near_the_float64_limit():
+    """Centres and sides near 1e308: the centres' offset itself overflows (2e308), and still the IoU
+    is right: box 2 copies box 0 (IoU 1), box 1 is apart from both (IoU 0), box 3 covers half of box 0
+    (IoU 0.5; by hand: overlap 0.5e308 x 1e300 of areas 1e308 x 1e300 and 0.5e308 x 1e300)."""
+    boxes = torch.tensor([[1e308, 0.0, 1e308, 1e300, 0.0], [-1e308, 0.0, 1e308, 1e300, 0.0],
+                          [1e308, 0.0, 1e308, 1e300, 0.0], [1.25e308, 0.0, 0.5e308, 1e300, 0.0]], dtype=torch.float64)
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.6], dtype=torch.float64)
+    for threshold, want in ((0.99, [0, 1, 3]), (0.51, [0, 1, 3]), (0.49, [0, 1])):
+        assert_keep(opforge.nms_rotated(boxes, scores, threshold), want)
+        assert_keep(reference(boxes, scores, threshold), want)
+        assert_keep(run_in_ort(NMS_ROTATED, (boxes, scores, threshold)), want)
+    turned = boxes.clone()
+    turned[:, 4] = 0.3  # every box turned alike about its own centre: the copy still goes
+    assert opforge.nms_rotated(turned, scores, 0.99).tolist()[:2] == [0, 1]
+
+
 # ---- empty input ---------------------------------------------------------------------------------
 
 
@@ -449,6 +600,9 @@ BATCHED_BAD = [
     BadSample(_boxes, _scores, _labels, -0.5, match=rf"{BOP}: iou_threshold must be in \[0, 1\]", name="threshold"),
     BadSample(_boxes, _scores, _labels[:-2], 0.5, match=rf"{BOP}: idxs must be 1-D \(N,\) with N = 14",
               name="idxs-shape"),
+    BadSample(_boxes, _scores, torch.where(_labels == 2, math.inf, _labels.float()), 0.5,
+              match=rf"{BOP}: idxs must hold integer categories in int64's range .* got idxs\[2\] = inf",
+              name="idxs-inf"),
 ]
 test_check_op_nms_rotated = op_tests(NMS_ROTATED, NMS_SAMPLES, bad_samples=NMS_BAD)
 test_check_op_batched_nms_rotated = op_tests(BATCHED_NMS_ROTATED, BATCHED_SAMPLES, bad_samples=BATCHED_BAD)

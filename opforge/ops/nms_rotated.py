@@ -10,12 +10,16 @@ IoU (polygon intersection in float64), returning kept indices like ``torchvision
 
 ``boxes`` is (N, 5) = (cx, cy, w, h, angle in radians) as mmcv's (the width axis along
 (cos a, sin a), so a positive angle turns clockwise on screen, mmcv's default); ``scores`` is
-(N,) of the boxes' dtype; ``idxs`` is (N,) int64. Boxes are visited by decreasing score, equal
-scores lower index first; a box is suppressed when its IoU with a kept box is greater than
-``iou_threshold``. Defined results: a box with w <= 0 or h <= 0 has IoU 0 with every box, so it
-never suppresses another and is never suppressed; N = 0 gives an empty result.
+(N,) of the boxes' dtype; ``idxs`` is (N,) int64, or float (mmcv's labels) holding integers in
+int64's range. Boxes are visited by decreasing score, equal scores lower index first; a box is
+suppressed when its IoU with a kept box is greater than ``iou_threshold``. Defined results: a box
+with w <= 0 or h <= 0 has IoU 0 with every box, so it never suppresses another and is never
+suppressed; N = 0 gives an empty result. Any finite box values work: a pair with a side beyond
+2^500 (about 3e150) or below 2^-500, where float64's products would overflow or underflow, is
+scaled by a power of two (exactly: the IoU does not change) before its IoU is computed.
 Errors (:class:`opforge.OpInputError` in torch, an error status in ONNX Runtime, naming the
-argument): non-finite box values, NaN scores, and ``iou_threshold`` outside [0, 1].
+argument): non-finite box values, NaN scores, float idxs that are not integers in [-2^63, 2^63)
+(0.5, 1e19, inf, NaN: no exact int64 category), and ``iou_threshold`` outside [0, 1].
 
 Export: the ``opforge::nms_rotated`` / ``opforge::batched_nms_rotated`` custom nodes
 (libopforge_ort); N and the number kept are dynamic.
@@ -41,7 +45,7 @@ def _op_name(batched: bool) -> str:
 
 def _check(boxes, scores, idxs, iou_threshold) -> None:
     """The kernels' checks that need no tensor values (shapes, threshold, dtypes, devices), for fake
-    tensors; the values (finite boxes, no NaN score) are checked by the kernels."""
+    tensors; the values (finite boxes, no NaN score, integer float idxs) are checked by the kernels."""
     op = _op_name(idxs is not None)
     if boxes.dim() != 2 or (type(boxes.shape[1]) is int and boxes.shape[1] != 5):
         raise OpInputError(f"{op}: boxes must be 2-D (N, 5), one (cx, cy, w, h, angle) row per box, got shape "
@@ -61,8 +65,9 @@ def _check(boxes, scores, idxs, iou_threshold) -> None:
                            "bfloat16")
     if scores.dtype != boxes.dtype:
         raise OpInputError(f"{op}: scores has dtype {scores.dtype} but boxes has dtype {boxes.dtype}; they must match")
-    if idxs is not None and idxs.dtype != torch.int64:
-        raise OpInputError(f"{op}: idxs has dtype {idxs.dtype} but must be int64 (torch.long)")
+    if idxs is not None and idxs.dtype != torch.int64 and idxs.dtype not in _FLOATS:
+        raise OpInputError(f"{op}: idxs has dtype {idxs.dtype} but must be int64 (torch.long) or a float dtype "
+                           "holding integers")
     check_same_device(op, boxes=boxes, scores=scores, idxs=idxs)
 
 
@@ -103,12 +108,28 @@ def _inside(p, poly) -> bool:
     return True
 
 
+def _in_range(a, b):
+    """The pair as is when its products stay inside float64's range (sides in [2^-500, 2^500], centres
+    at most 2^500 apart per axis); else moved to their centres' midpoint and scaled by the power of
+    two that brings their extent to about 1 (the IoU does not change)."""
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    hx, hy = abs(a[0] / 2 - b[0] / 2), abs(a[1] / 2 - b[1] / 2)  # halves first: the offset may overflow
+    sides = (a[2], a[3], b[2], b[3])
+    if all(2.0 ** -500 <= v <= 2.0 ** 500 for v in sides) and max(hx, hy) <= 2.0 ** 499:
+        return a, b
+    k = -math.frexp(max(hx, hy, *sides))[1]
+    dx, dy = math.ldexp(a[0] / 2 - b[0] / 2, k), math.ldexp(a[1] / 2 - b[1] / 2, k)
+    return ([dx, dy, math.ldexp(a[2], k), math.ldexp(a[3], k), a[4]],
+            [-dx, -dy, math.ldexp(b[2], k), math.ldexp(b[3], k), b[4]])
+
+
 def _iou(a, b) -> float:
     """IoU from the intersection polygon's vertices: the corners of each box inside the other plus
     every crossing of their edges, ordered by angle around their centroid (a different construction
     from the kernels' half-plane clipping)."""
     if not (a[2] > 0 and a[3] > 0 and b[2] > 0 and b[3] > 0):
         return 0.0
+    a, b = _in_range(a, b)
     shift = (np.asarray(a[:2], dtype=np.float64) + np.asarray(b[:2], dtype=np.float64)) / 2
     pa = _corners(a) - shift
     pb = _corners(b) - shift
@@ -165,6 +186,7 @@ def _output_shapes(shapes, attrs):
     return [[None]]  # how many boxes are kept is known only at run time
 
 
+_IDXS_DTYPES = ("int64", "float32", "float64", "float16", "bfloat16")
 _KEEP = _spec.TensorArg("keep", dtypes=("int64",), doc="indices of the kept boxes, by decreasing score")
 _BOXES = _spec.TensorArg("boxes", doc="(N, 5): cx, cy, w, h, angle (radians)")
 _SCORES = _spec.TensorArg("scores", doc="(N,)")
@@ -186,7 +208,11 @@ BATCHED_NMS_ROTATED = _spec.OpSpec(
     name="batched_nms_rotated",
     namespace=_spec.DOMAIN,
     schema="batched_nms_rotated(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor",
-    args=(_BOXES, _SCORES, _spec.TensorArg("idxs", dtypes=("int64",), doc="(N,) category of each box"), _THRESHOLD),
+    # float idxs go to the kernels as they are: they refuse values that are no exact int64 (a cast before
+    # the op, in torch or in an exported graph, would turn 1e19 and inf into INT64_MIN alike)
+    args=(_BOXES, _SCORES, _spec.TensorArg("idxs", dtypes=_IDXS_DTYPES,
+                                           doc="(N,) category of each box: int64, or float holding integers"),
+          _THRESHOLD),
     outputs=(_KEEP,),
     doc="Rotated NMS per category (boxes of different idxs never suppress each other): kept indices, by decreasing "
         "score.",
@@ -211,11 +237,11 @@ def nms_rotated(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float)
 def batched_nms_rotated(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
                         iou_threshold: float) -> torch.Tensor:
     """Rotated NMS per category ``idxs`` (torchvision's batched_nms form): int64 indices of the
-    kept boxes, by decreasing score. Integer-valued float ``idxs`` (mmcv's labels) are accepted and
-    converted; others raise :class:`opforge.OpInputError`."""
-    if isinstance(idxs, torch.Tensor) and idxs.dtype != torch.int64:
-        if idxs.is_floating_point() and not torch.equal(idxs, idxs.floor()):
-            raise OpInputError(f"{_op_name(True)}: idxs must hold integer categories, got non-integer values")
+    kept boxes, by decreasing score. Float ``idxs`` (mmcv's labels) go to the op as they are: it
+    takes integer values in int64's range and refuses others (0.5, 1e19, inf, NaN) with
+    :class:`opforge.OpInputError`. Other integer dtypes are converted to int64 (exactly)."""
+    if isinstance(idxs, torch.Tensor) and idxs.dtype != torch.int64 and not idxs.is_floating_point() \
+            and not idxs.is_complex():
         idxs = idxs.to(torch.int64)
     try:
         return batched_nms_rotated_op(boxes, scores, idxs, float(iou_threshold))

@@ -253,9 +253,11 @@ int nms(int64_t n, const T* boxes, const T* scores, const int64_t* labels, doubl
     std::vector<uint64_t> removed(words, 0);
     for (int64_t row = 0; row < n; row += chunk) {
       const int64_t rows = std::min(chunk, n - row);
+      // the instance the CUDA launcher picks for the plan (kernels.cuh: nms_rotated_mask)
+      const auto item = plan.extreme ? nms_rotated_mask_item<true> : nms_rotated_mask_item<false>;
       for (int64_t i = 0; i < rows * words; ++i)
-        nms_rotated_mask_item(n, words, row, i, plan.geometry.data(), p.batched ? plan.labels.data() : nullptr,
-                              static_cast<double>(p.iou_threshold), mask.data());
+        item(n, words, row, i, plan.geometry.data(), p.batched ? plan.labels.data() : nullptr,
+             static_cast<double>(p.iou_threshold), mask.data());
       nms_rotated_reduce_mask(mask.data(), row, row + rows, words, plan.order, removed, out);
     }
   }

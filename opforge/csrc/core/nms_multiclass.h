@@ -15,8 +15,10 @@
 //   * NMSMatch (axis-aligned (x1, y1, x2, y2), D = 4; mmcv's nms_match): every box
 //     of the pair takes part; each box not yet matched leads a group of the later
 //     unmatched boxes whose IoU with it is >= iou_threshold (IoU = inter /
-//     (area_i + area_j - inter + 1e-10), in float64). Rows (n, c, leader, member)
-//     for each member of a group whose leader's score is > score_threshold.
+//     (area_i + area_j - inter + 1e-10), in float64, then rounded to float32 as
+//     mmdeploy's kernel returns it: a pair at IoU 0.5 - 1e-10 is 0.5f and matches
+//     at threshold 0.5). Rows (n, c, leader, member) for each member of a group
+//     whose leader's score is > score_threshold.
 #pragma once
 
 #include <algorithm>
@@ -151,7 +153,10 @@ inline std::string nms_match_pair(const std::string& op, const NmsMulticlassPara
       const double w = std::max(0.0, std::min(x2[i], x2[j]) - std::max(x1[i], x1[j]));
       const double h = std::max(0.0, std::min(y2[i], y2[j]) - std::max(y1[i], y1[j]));
       const double inter = w * h;
-      if (inter / (area[i] + area[j] - inter + 1e-10) >= p.iou_threshold) {
+      // mmdeploy's nms_match_iou returns float: its exported models compare that rounded value with
+      // `>=`, so ties within float32's rounding of the threshold match (float64 alone would not).
+      const float iou = static_cast<float>(inter / (area[i] + area[j] - inter + 1e-10));
+      if (static_cast<double>(iou) >= p.iou_threshold) {
         matched[j] = 1;
         group.push_back(order[j]);
       }

@@ -68,12 +68,36 @@ inline std::string nms_rotated_check(const int64_t* boxes, int boxes_rank, const
   return "";
 }
 
+// Float idxs (mmcv's labels are its detections' float class column) are
+// categories only when they are integers int64 holds: then the conversion is
+// exact and two labels are equal as floats exactly when they are equal as
+// int64. Any other value (0.5, 1e19, inf, NaN) is refused: a C cast of one
+// outside int64's range is undefined (x86 gives INT64_MIN for 1e19, 1e30,
+// +-inf and NaN alike, which merged their categories), and torchvision's
+// offset trick is not exact for them either. F is float (float32 and the
+// 16-bit types, widened exactly) or double; the message shows the value in F's
+// shortest digits. Returns "" or a message naming the element.
+template <typename F>
+inline std::string nms_rotated_float_labels(const NmsRotatedParams& p, const F* idxs, std::vector<int64_t>& labels) {
+  labels.resize(static_cast<size_t>(p.boxes));
+  for (int64_t i = 0; i < p.boxes; ++i) {
+    const F v = idxs[i];
+    // [-2^63, 2^63): both ends are powers of two, exact in F; NaN fails both tests.
+    if (!(v >= F(-9223372036854775808.0) && v < F(9223372036854775808.0)) || v != std::floor(v))
+      return nms_rotated_op_name(p.batched) + ": idxs must hold integer categories in int64's range [-2^63, 2^63), got "
+             "idxs[" + std::to_string(i) + "] = " + number_str(v);
+    labels[static_cast<size_t>(i)] = static_cast<int64_t>(v);
+  }
+  return "";
+}
+
 // What suppression works on, in visiting order: box i of the order is input
 // box order[i], with its geometry and label.
 struct NmsRotatedPlan {
   std::vector<int64_t> order;
   std::vector<RotatedBoxGeometry> geometry;
   std::vector<int64_t> labels;  // empty unless batched
+  bool extreme = false;         // some box is extreme (rotated_box_iou.h): its pairs are scaled
 };
 
 // Checks the values (every box coordinate finite; no NaN score) and builds the
@@ -101,15 +125,17 @@ inline std::string nms_rotated_prepare(const NmsRotatedParams& p, const T* boxes
   for (int64_t i = 0; i < p.boxes; ++i) {
     const T* b = boxes + 5 * plan.order[i];
     plan.geometry[i] = rotated_box_geometry(b[0], b[1], b[2], b[3], b[4]);
+    plan.extreme = plan.extreme || plan.geometry[i].area < 0.0;
     if (p.batched) plan.labels[i] = labels[plan.order[i]];
   }
   return "";
 }
 
-// Whether box j (later in the order) is suppressed by box i.
+// Whether box j (later in the order) is suppressed by box i; kExtreme: plan.extreme.
+template <bool kExtreme>
 inline bool nms_rotated_suppresses(const NmsRotatedParams& p, const NmsRotatedPlan& plan, int64_t i, int64_t j) {
   if (p.batched && plan.labels[i] != plan.labels[j]) return false;
-  return rotated_box_iou(plan.geometry[i], plan.geometry[j]) > static_cast<double>(p.iou_threshold);
+  return rotated_box_iou<kExtreme>(plan.geometry[i], plan.geometry[j]) > static_cast<double>(p.iou_threshold);
 }
 
 // Candidate boxes per parallel task: a window this large only happens when
@@ -127,15 +153,17 @@ constexpr int64_t kNmsRotatedGrain = 4096;
 // the result is the plain greedy's, for any threshold in [0, 1]. Windows of
 // more than kNmsRotatedGrain boxes are split over parallel_for(total, grain,
 // body(begin, end)). Returns the kept boxes' input indices.
-template <typename ParallelFor>
-inline std::vector<int64_t> nms_rotated_suppress(const NmsRotatedParams& p, const NmsRotatedPlan& plan,
-                                                 const ParallelFor& parallel_for) {
+template <bool kExtreme, typename ParallelFor>
+inline std::vector<int64_t> nms_rotated_suppress_loop(const NmsRotatedParams& p, const NmsRotatedPlan& plan,
+                                                      const ParallelFor& parallel_for) {
   const int64_t n = p.boxes;
   std::vector<double> left(static_cast<size_t>(n)), right(static_cast<size_t>(n));
   double widest = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const RotatedBoxGeometry& g = plan.geometry[i];
-    const double margin = 1e-6 * (std::fabs(g.cx) + g.radius);
+    // The absolute floor keeps a margin for boxes whose numbers are all subnormal (a relative one
+    // would round to 0 there); it is far below the relative part for any other box.
+    const double margin = 1e-6 * (std::fabs(g.cx) + g.radius) + 1e-300;
     left[i] = g.cx - g.radius - margin;
     right[i] = g.cx + g.radius + margin;
     widest = std::max(widest, right[i] - left[i]);
@@ -158,11 +186,20 @@ inline std::vector<int64_t> nms_rotated_suppress(const NmsRotatedParams& p, cons
     parallel_for(hi - lo, kNmsRotatedGrain, [&](int64_t begin, int64_t end) {
       for (int64_t k = lo + begin; k < lo + end; ++k) {
         const int64_t j = by_left[k];
-        if (j > i && !removed[j] && right[j] >= left[i] && nms_rotated_suppresses(p, plan, i, j)) removed[j] = 1;
+        if (j > i && !removed[j] && right[j] >= left[i] && nms_rotated_suppresses<kExtreme>(p, plan, i, j))
+          removed[j] = 1;
       }
     });
   }
   return keep;
+}
+
+// The loop for the plan: the extreme boxes' scaling is compiled in only when some box needs it.
+template <typename ParallelFor>
+inline std::vector<int64_t> nms_rotated_suppress(const NmsRotatedParams& p, const NmsRotatedPlan& plan,
+                                                 const ParallelFor& parallel_for) {
+  return plan.extreme ? nms_rotated_suppress_loop<true>(p, plan, parallel_for)
+                      : nms_rotated_suppress_loop<false>(p, plan, parallel_for);
 }
 
 // ---- the GPU's suppression mask, reduced on the host ---------------------------------------

@@ -17,7 +17,10 @@ namespace opforge {
 namespace core {
 
 // Rows [row_begin, row_begin + rows) of the mask of n boxes (words per row);
-// labels null unless batched; item in [0, rows * words).
+// labels null unless batched; item in [0, rows * words). kExtreme: the plan has
+// an extreme box (NmsRotatedPlan::extreme), whose pairs are scaled; the usual
+// instance has no code for that (rotated_box_iou.h says why).
+template <bool kExtreme>
 OPFORGE_HD_INLINE void nms_rotated_mask_item(int64_t n, int64_t words, int64_t row_begin, int64_t item,
                                              const RotatedBoxGeometry* geometry, const int64_t* labels,
                                              double iou_threshold, uint64_t* mask) {
@@ -26,7 +29,7 @@ OPFORGE_HD_INLINE void nms_rotated_mask_item(int64_t n, int64_t words, int64_t r
   uint64_t bits = 0;
   for (int64_t j = (j0 > i + 1 ? j0 : i + 1); j < stop; ++j) {
     if (labels != nullptr && labels[i] != labels[j]) continue;
-    if (rotated_box_iou(geometry[i], geometry[j]) > iou_threshold) bits |= uint64_t(1) << (j - j0);
+    if (rotated_box_iou<kExtreme>(geometry[i], geometry[j]) > iou_threshold) bits |= uint64_t(1) << (j - j0);
   }
   mask[item] = bits;
 }

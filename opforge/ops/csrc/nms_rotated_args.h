@@ -3,7 +3,8 @@
 // and the threshold in the core (core::nms_rotated_check, also used by the ORT
 // kernels and the fake impl), dtypes and devices here, then the values, the
 // visiting order and the boxes' float64 geometry (core::nms_rotated_prepare)
-// on host copies. Raised as RuntimeError (check) with the core's message.
+// on host copies. Raised as RuntimeError (check) with the core's message. idxs
+// is int64 or float (integer values only, core::nms_rotated_float_labels).
 #pragma once
 
 #include <algorithm>
@@ -29,8 +30,11 @@ inline core::NmsRotatedParams nms_rotated_check_args(const Tensor& boxes, const 
         "; supported dtypes are float32, float64, float16 and bfloat16");
   check(scores.scalar_type() == t, op, ": scores has dtype ", dtype_name(scores.scalar_type()),
         " but boxes has dtype ", dtype_name(t), "; they must match");
-  check(idxs == nullptr || idxs->scalar_type() == ScalarType::Long, op, ": idxs has dtype ",
-        dtype_name(idxs ? idxs->scalar_type() : ScalarType::Long), " but must be int64 (torch.long)");
+  // Float idxs are taken as they are (mmcv's labels), their values checked by the core: a cast
+  // before the op would turn 1e19 or inf into INT64_MIN silently, in torch and in an exported graph.
+  check(idxs == nullptr || idxs->scalar_type() == ScalarType::Long || is_supported_float(idxs->scalar_type()), op,
+        ": idxs has dtype ", dtype_name(idxs ? idxs->scalar_type() : ScalarType::Long),
+        " but must be int64 (torch.long) or a float dtype holding integers");
   check_same_device(op.c_str(), {{"boxes", &boxes}, {"scores", &scores}, {"idxs", idxs}});
   return p;
 }
@@ -42,14 +46,25 @@ inline Tensor nms_rotated_host_copy(const Tensor& t, ScalarType dtype) {
 }
 
 // The plan (core/nms_rotated.h) from host copies of the inputs, in float64
-// for double inputs and float32 otherwise (16-bit values widen exactly).
+// for double inputs and float32 otherwise (16-bit values widen exactly); float
+// idxs likewise, checked and converted to int64 by the core.
 inline core::NmsRotatedPlan nms_rotated_host_plan(const core::NmsRotatedParams& p, const Tensor& boxes,
                                                   const Tensor& scores, const Tensor* idxs) {
   const ScalarType ct = compute_type(boxes.scalar_type());
   const Tensor b = nms_rotated_host_copy(boxes, ct), s = nms_rotated_host_copy(scores, ct);
   Tensor labels;
-  if (idxs != nullptr) labels = nms_rotated_host_copy(*idxs, ScalarType::Long);
-  const int64_t* l = idxs ? data<int64_t>(labels) : nullptr;
+  std::vector<int64_t> float_labels;
+  const int64_t* l = nullptr;
+  if (idxs != nullptr && idxs->scalar_type() == ScalarType::Long) {
+    labels = nms_rotated_host_copy(*idxs, ScalarType::Long);
+    l = data<int64_t>(labels);
+  } else if (idxs != nullptr) {
+    const ScalarType lt = compute_type(idxs->scalar_type());
+    labels = nms_rotated_host_copy(*idxs, lt);
+    check_rule(lt == ScalarType::Double ? core::nms_rotated_float_labels(p, data<double>(labels), float_labels)
+                                        : core::nms_rotated_float_labels(p, data<float>(labels), float_labels));
+    l = float_labels.data();
+  }
   core::NmsRotatedPlan plan;
   check_rule(ct == ScalarType::Double
                  ? core::nms_rotated_prepare<double>(p, data<double>(b), data<double>(s), l, plan)

@@ -119,11 +119,16 @@ cudaError_t roi_align_rotated_backward(Dtype dtype, const RoiAlignRotatedParams&
 }
 
 cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const RotatedBoxGeometry* geometry,
-                             const int64_t* labels, double iou_threshold, uint64_t* mask, cudaStream_t stream) {
+                             bool extreme, const int64_t* labels, double iou_threshold, uint64_t* mask,
+                             cudaStream_t stream) {
   const int64_t words = (n + 63) / 64, items = rows * words;
   if (items == 0) return cudaSuccess;
-  nms_rotated_mask_kernel<<<grid_for(items), kThreads, 0, stream>>>(n, words, row_begin, items, geometry, labels,
-                                                                    iou_threshold, mask);
+  if (extreme)
+    nms_rotated_mask_kernel<true><<<grid_for(items), kThreads, 0, stream>>>(n, words, row_begin, items, geometry,
+                                                                            labels, iou_threshold, mask);
+  else
+    nms_rotated_mask_kernel<false><<<grid_for(items), kThreads, 0, stream>>>(n, words, row_begin, items, geometry,
+                                                                             labels, iou_threshold, mask);
   return cudaGetLastError();
 }
 

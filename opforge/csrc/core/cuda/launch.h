@@ -73,9 +73,10 @@ cudaError_t roi_align_rotated_backward(Dtype dtype, const RoiAlignRotatedParams&
 // Rows [row_begin, row_begin + rows) of rotated NMS's suppression mask
 // (core/nms_rotated_gpu.h): mask is rows * nms_rotated_words(n) words;
 // geometry (n boxes in visiting order) and labels (null unless batched) are
-// device pointers.
+// device pointers; extreme: the plan's (NmsRotatedPlan::extreme).
 cudaError_t nms_rotated_mask(int64_t n, int64_t row_begin, int64_t rows, const RotatedBoxGeometry* geometry,
-                             const int64_t* labels, double iou_threshold, uint64_t* mask, cudaStream_t stream);
+                             bool extreme, const int64_t* labels, double iou_threshold, uint64_t* mask,
+                             cudaStream_t stream);
 
 // grid_sample (mmdeploy::grid_sampler), output [N, C, Ho, Wo] (dtype) from input
 // [N, C, H, W] and grid [N, Ho, Wo, 2] checked by grid_sample_check.

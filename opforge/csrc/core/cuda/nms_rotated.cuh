@@ -11,12 +11,13 @@ namespace opforge {
 namespace core {
 namespace cuda {
 
+template <bool kExtreme>
 __global__ void __launch_bounds__(kThreads)
     nms_rotated_mask_kernel(int64_t n, int64_t words, int64_t row_begin, int64_t items,
                             const RotatedBoxGeometry* __restrict__ geometry, const int64_t* __restrict__ labels,
                             double iou_threshold, uint64_t* __restrict__ mask) {
   for (int64_t i = global_thread(); i < items; i += grid_threads())
-    nms_rotated_mask_item(n, words, row_begin, i, geometry, labels, iou_threshold, mask);
+    nms_rotated_mask_item<kExtreme>(n, words, row_begin, i, geometry, labels, iou_threshold, mask);
 }
 
 }  // namespace cuda

@@ -44,7 +44,7 @@ Tensor nms_cuda(const Tensor& boxes, const Tensor& scores, const Tensor* idxs, d
       const int64_t rows = std::min(chunk, n - row);
       check_launch(core::cuda::nms_rotated_mask(n, row, rows,
                                                 reinterpret_cast<const core::RotatedBoxGeometry*>(data<double>(geometry)),
-                                                p.batched ? data<int64_t>(labels) : nullptr,
+                                                plan.extreme, p.batched ? data<int64_t>(labels) : nullptr,
                                                 static_cast<double>(p.iou_threshold),
                                                 reinterpret_cast<uint64_t*>(mutable_data<int64_t>(mask)), stream),
                    core::nms_rotated_op_name(p.batched).c_str());

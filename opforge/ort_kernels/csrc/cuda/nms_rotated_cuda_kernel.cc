@@ -45,7 +45,7 @@ struct NmsRotatedCuda {
     for (int64_t row = 0; row < p.boxes; row += chunk) {
       const int64_t rows = std::min(chunk, p.boxes - row);
       ce = core::cuda::nms_rotated_mask(p.boxes, row, rows,
-                                        static_cast<const core::RotatedBoxGeometry*>(geometry.get()),
+                                        static_cast<const core::RotatedBoxGeometry*>(geometry.get()), plan.extreme,
                                         p.batched ? static_cast<const int64_t*>(device_labels.get()) : nullptr,
                                         static_cast<double>(p.iou_threshold), static_cast<uint64_t*>(mask.get()),
                                         stream);
