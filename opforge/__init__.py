@@ -56,6 +56,21 @@ def torch_library_path() -> str:
     libopforge_torch_cuda.so beside it where a CUDA runtime is present."""
     return ops._registry.LIBRARY_PATH
 
+
+def set_budget(name: str, value) -> int:
+    """Sets one of opforge's op budgets in torch, process-wide, and returns the value it had:
+    ``name`` as in :func:`budgets` (the same names as the ONNX Runtime session config entries
+    of those budgets, e.g. ``"opforge.roi_align_rotated.max_samples"``), ``value`` a positive int
+    or None for the default. For trusted callers: a budget bounds the memory and work one call
+    of an op may take, checked before it runs (docs/ops.md)."""
+    return ops._registry._C.set_budget(name, value)
+
+
+def budgets() -> dict:
+    """opforge's op budgets in torch: ``{name: (value, default)}`` (:func:`set_budget`)."""
+    return ops._registry._C.budgets()
+
+
 aten.register_all()
 
 
@@ -69,6 +84,8 @@ __all__ = [
     "aoti_compile_and_package",
     "load_torch_library",
     "torch_library_path",
+    "budgets",
+    "set_budget",
     "AtenOpRefused",
     "AttrArg",
     "BUILT_WITH_CUDA",

@@ -169,6 +169,44 @@ class TorchLibrary:
     def __repr__(self) -> str:
         return f"TorchLibrary({self.path!r}, cuda_part={self.cuda_part[0]!r})"
 
+    def _budget_entry(self):
+        entry = getattr(self._cdll, "opforge_budget_v1", None)
+        if entry is not None:
+            entry.restype = ctypes.c_int
+            entry.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
+                              ctypes.c_size_t]
+        return entry
+
+    def budgets(self) -> dict:
+        """The library's budgets (``opforge/torch_budget.h``): ``{name: (value, default)}``; {} for a
+        library without them."""
+        entry = self._budget_entry()
+        if entry is None:
+            return {}
+        buf = ctypes.create_string_buffer(_MESSAGE)
+        entry(None, 0, None, buf, _MESSAGE)
+        out = {}
+        for line in buf.value.decode().splitlines():
+            name, value, default = line.split("\t")
+            out[name] = (int(value), int(default))
+        return out
+
+    def set_budget(self, name: str, value: Optional[int]) -> int:
+        """Sets the library's budget ``name`` to ``value`` (a positive int; None: its default), for
+        the whole process; returns the value it had. ValueError for an unknown name or a bad value."""
+        entry = self._budget_entry()
+        if entry is None:
+            raise ValueError(f"opforge: {self.path} has no budgets")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0
+                                  or value >= 2 ** 63):
+            raise ValueError(f"opforge: budget {name!r} must be a positive integer below 2**63, got {value!r}")
+        buf = ctypes.create_string_buffer(_MESSAGE)
+        old = ctypes.c_int64(0)
+        if entry(name.encode(), 0, ctypes.byref(old), buf, _MESSAGE) != 0:
+            raise ValueError(buf.value.decode(errors="replace"))
+        entry(name.encode(), -1 if value is None else value, None, buf, _MESSAGE)
+        return old.value
+
     def shape_rule_signature(self, qualname: str) -> Optional[str]:
         """The signature of shape rule ``qualname`` ("(SymInt[] x, int k)"), or None when this
         library has no such rule."""

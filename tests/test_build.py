@@ -67,7 +67,7 @@ def test_cuda_build_as_requested_and_linked_as_designed():
         assert "libcudart.so.13" in needed_libraries(torch_companion)
         companion_needed = needed_libraries(companion)
         assert {"libcudart.so.13", "libcublas.so.13"} <= set(companion_needed), companion_needed
-        assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV2"}
+        assert _dynamic_symbols(companion) == {"OpforgeOrtCudaKernelsV3"}
         for op in ("my_add", "deform_conv2d", "_deform_conv2d_backward"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA"), op
     else:

@@ -38,7 +38,9 @@ namespace ort {
 // The companion's only exported symbol: hands over its CUDA EP kernels (definitions
 // that live as long as the process, like the library's own).
 // The library passes its build id (OPFORGE_ORT_BUILD_ID); a companion of another build refuses.
-using CudaPartEntry = OrtStatus*(const OrtApiBase*, const char*, const OrtCustomOp* const**, size_t*);
+// It also passes its own ConfigLookup (ort_op.h): the library proper creates every kernel, the
+// companion's too, with the session config entries of their registration set on its side.
+using CudaPartEntry = OrtStatus*(const OrtApiBase*, const char*, ConfigLookup, const OrtCustomOp* const**, size_t*);
 
 inline std::string cuda_kernels_config_key(const std::string& library) { return "opforge.cuda_kernels." + library; }
 
@@ -139,7 +141,7 @@ inline CudaCompanion load_cuda_companion(const char* library, const OrtApiBase* 
                  dlsym(handle, OPFORGE_ORT_STRINGIFY(OPFORGE_ORT_CUDA_PART_ENTRY)))) {
     const OrtCustomOp* const* ops = nullptr;
     size_t count = 0;
-    if (OrtStatus* st = entry(api_base, OPFORGE_ORT_BUILD_ID, &ops, &count)) {
+    if (OrtStatus* st = entry(api_base, OPFORGE_ORT_BUILD_ID, own_config_lookup, &ops, &count)) {
       error = Ort::Status(st).GetErrorMessage();
     } else {
       out.kernels.assign(ops, ops + count);

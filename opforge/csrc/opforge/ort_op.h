@@ -1,8 +1,9 @@
 // opforge's ONNX Runtime glue for an op's ORT kernels (lite custom-op API;
 // installed with opforge, add opforge.build.include_paths() to the include
 // path): storage-type mapping onto the compute cores, ORT's intra-op thread
-// pool, one kernel per float type, error statuses, and the kernel registry a
-// library's source files add themselves to (OPFORGE_ORT_KERNELS), which
+// pool, one kernel per float type, error statuses, session config entries a
+// kernel reads (ConfigKey, config_entry), and the kernel registry a library's
+// source files add themselves to (OPFORGE_ORT_KERNELS), which
 // OPFORGE_ORT_LIBRARY (ort_library.h) hands to ORT.
 #pragma once
 
@@ -14,10 +15,14 @@
 #include <onnxruntime_cxx_api.h>
 #include <onnxruntime_lite_custom_op.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -136,6 +141,89 @@ T node_attribute(const OrtKernelInfo* info, const char* op, const char* name) {
     node_error(std::string(op) + ": the node needs the " + (std::is_same_v<T, float> ? "float" : "int") +
                " attribute '" + name + "' (" + e.what() + ")");
   }
+}
+
+// ---- session config entries a kernel reads -------------------------------------------
+// A trusted caller tunes some kernels with session config entries (a budget, such as
+// "opforge.roi_align_rotated.max_samples"). ORT gives a kernel no view of its session's
+// options (not in the C API this is built on), and the kernel definitions are created once
+// per process. So a library reads the entries its kernels declare (ConfigKey) when it is
+// registered (RegisterCustomOps, ort_library.h), checks them there, and, when any is set,
+// registers its kernels through definitions of their own for those values, which make them
+// visible to config_entry while ORT creates a kernel. The values hold for the sessions made
+// with those SessionOptions only; an entry added after the library is registered is not seen.
+
+// "" when `value` is valid for `key`, else a message naming both.
+using ConfigCheck = std::string (*)(const std::string& key, const std::string& value);
+
+struct ConfigKeyInfo {
+  std::string key;
+  ConfigCheck check;
+};
+
+inline std::vector<ConfigKeyInfo>& config_keys() {
+  static std::vector<ConfigKeyInfo> keys;
+  return keys;
+}
+
+// Declares a session config entry this library's kernels read (at namespace scope, or as an
+// inline variable in a header: the library reads each key once, however often declared).
+struct ConfigKey {
+  ConfigKey(const char* key, ConfigCheck check) {
+    for (const ConfigKeyInfo& k : config_keys())
+      if (k.key == key) return;
+    config_keys().push_back({key, check});
+  }
+};
+
+// The entries of one registration, by key (only the declared ones that were set).
+using KernelConfig = std::map<std::string, std::string>;
+
+// The configuration of the kernel being created on this thread (null: none was set).
+inline const KernelConfig*& creating_config() {
+  thread_local const KernelConfig* config = nullptr;
+  return config;
+}
+
+// A library's lookup of the entry `key` of the kernel being created: its value, or null.
+using ConfigLookup = const char* (*)(const char* key);
+
+inline const char* own_config_lookup(const char* key) {
+  const KernelConfig* config = creating_config();
+  if (config == nullptr) return nullptr;
+  const auto it = config->find(key);
+  return it == config->end() ? nullptr : it->second.c_str();
+}
+
+// Where config_entry looks: this library's own thread state, or in a CUDA companion the
+// library proper's (handed over when it loads the companion, ort_cuda_companion.h), since the
+// library proper creates every kernel, the companion's too.
+inline ConfigLookup& config_lookup() {
+  static ConfigLookup lookup = own_config_lookup;
+  return lookup;
+}
+
+// In a kernel's constructor: the session config entry `key` (declared with ConfigKey) of the
+// SessionOptions the library was registered with; empty when it was not set.
+inline std::optional<std::string> config_entry(const char* key) {
+  const char* value = config_lookup()(key);
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+// A ConfigCheck: a positive integer within int64.
+inline std::string positive_integer_entry(const std::string& key, const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE || v <= 0)
+    return "opforge: session config entry '" + key + "' must be a positive integer, got '" + value + "'";
+  return "";
+}
+
+// The value of an entry that passed positive_integer_entry, or `fallback` when it is not set.
+inline int64_t config_integer(const char* key, int64_t fallback) {
+  const std::optional<std::string> value = config_entry(key);
+  return value ? static_cast<int64_t>(std::strtoll(value->c_str(), nullptr, 10)) : fallback;
 }
 
 // ---- kernel registry ---------------------------------------------------------------

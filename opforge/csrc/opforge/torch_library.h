@@ -4,6 +4,7 @@
 //     opforge.ShapeRule runs for the fake impls;
 //   - opforge_aoti_c_shims_v1: the AOTInductor C shims it defines (opforge/torch_c_shim.h);
 //   - opforge_torch_library_info_v1: what the library is (its CUDA part: built, loaded or why not);
+//   - opforge_budget_v1: its budgets (opforge/torch_budget.h), which opforge.set_budget changes;
 //   - the loading of the CUDA part. A CUDA build puts the CUDA kernels in a companion beside the
 //     library, lib<name>_cuda.so (opforge.build.TorchLibrary), which links the CUDA runtime. The
 //     library loads it when it is itself loaded, and goes on without it where it cannot load (no
@@ -20,6 +21,7 @@
 
 #include <torch/csrc/stable/library.h>
 
+#include "opforge/torch_budget.h"
 #include "opforge/torch_c_shim.h"
 #include "opforge/torch_shape_rule.h"
 
@@ -59,6 +61,7 @@ inline void load_cuda_part(const void* anchor) {
 #define OPFORGE_TORCH_LIBRARY_ENTRY_POINTS                                                                  \
   OPFORGE_SHAPE_RULE_ENTRY_POINT                                                                            \
   OPFORGE_AOTI_C_SHIMS_ENTRY_POINT                                                                          \
+  OPFORGE_BUDGET_ENTRY_POINT                                                                                \
   extern "C" __attribute__((visibility("default"))) int opforge_torch_library_info_v1(char* reason,        \
                                                                                       size_t cap) {         \
     ::opforge::copy_message(::opforge::cuda_part_state().reason, reason, cap);                              \

@@ -1,7 +1,8 @@
 // CPU kernels of opforge::roi_align_rotated (rotated RoI Align, mmcv's
 // argument order) and its backward: the shared core
-// (core/roi_align_rotated.h) on torch's intra-op pool, forward over rois,
-// backward over channel ranges. The schemas of the op family live here.
+// (core/roi_align_rotated.h) on torch's intra-op pool, forward over output
+// bins, backward over channel ranges. The schemas of the op family and the
+// declarations of its budgets live here.
 #include <vector>
 
 #include "core/roi_align_rotated.h"
@@ -12,11 +13,18 @@
 
 namespace opforge {
 
+// The op's budgets (core/roi_align_rotated.h says why and how large), which opforge.set_budget
+// changes; the CPU and CUDA kernels check every call against them.
+const BudgetDecl roi_align_rotated_max_output_elements(core::kRoiAlignRotatedMaxOutputElementsKey,
+                                                       core::kRoiAlignRotatedMaxOutputElements);
+const BudgetDecl roi_align_rotated_max_samples(core::kRoiAlignRotatedMaxSamplesKey, core::kRoiAlignRotatedMaxSamples);
+
 Tensor roi_align_rotated_cpu(const Tensor& input, const Tensor& rois, int64_t output_height, int64_t output_width,
                              double spatial_scale, int64_t sampling_ratio, bool aligned, bool clockwise) {
   const core::RoiAlignRotatedParams p = roi_align_rotated_check_args(
       input, sizes_of(input), rois, output_height, output_width, spatial_scale, sampling_ratio, aligned, clockwise);
-  const Tensor host_rois = roi_align_rotated_checked_rois(p, rois);
+  int64_t samples = 0;
+  const Tensor host_rois = roi_align_rotated_checked_rois(p, rois, &samples);
   const ScalarType ct = compute_type(input.scalar_type());
   Tensor out = empty_tensor({p.rois, p.channels, p.pooled_h, p.pooled_w}, ct, input);
   if (out.numel() > 0) {
@@ -26,9 +34,9 @@ Tensor roi_align_rotated_cpu(const Tensor& input, const Tensor& rois, int64_t ou
       const T* xp = data<T>(x);
       const T* r = data<T>(host_rois);
       T* o = mutable_data<T>(out);
-      parallel_for(0, p.rois, core::roi_align_rotated_forward_grain(p), [&](int64_t begin, int64_t end) {
-        core::roi_align_rotated_forward(p, xp, r, o, begin, end);
-      });
+      const core::RoiAlignRotatedWork work = core::roi_align_rotated_work(p, torch::stable::get_num_threads());
+      parallel_for(0, work.items, core::roi_align_rotated_forward_grain(p, work, samples),
+                   [&](int64_t begin, int64_t end) { core::roi_align_rotated_forward(p, work, xp, r, o, begin, end); });
     });
   }
   return to_dtype(out, input.scalar_type());

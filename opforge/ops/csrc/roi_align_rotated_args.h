@@ -2,7 +2,8 @@
 // kernels: shapes and attributes in the core (core::roi_align_rotated_check,
 // also used by the ORT kernels and, through _roi_align_rotated_output_shapes,
 // the fake impl), then dtypes and devices, then the rois' values
-// (core::roi_align_rotated_check_rois) on a host copy. Raised as RuntimeError
+// (core::roi_align_rotated_check_rois) on a host copy, with the budgets in force
+// (opforge.set_budget), before anything is allocated. Raised as RuntimeError
 // (std::runtime_error) with the core's message.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/roi_align_rotated.h"
+#include "opforge/torch_budget.h"
 #include "opforge/torch_op.h"
 
 namespace opforge {
@@ -42,13 +44,25 @@ inline core::RoiAlignRotatedParams roi_align_rotated_check_args(const Tensor& in
   return p;
 }
 
+// The budgets in force (process-wide, opforge/torch_budget.h; declared in roi_align_rotated.cpp).
+inline core::RoiAlignRotatedBudget roi_align_rotated_budget() {
+  core::RoiAlignRotatedBudget b;
+  b.max_output_elements = budget_value(core::kRoiAlignRotatedMaxOutputElementsKey, b.max_output_elements);
+  b.max_samples = budget_value(core::kRoiAlignRotatedMaxSamplesKey, b.max_samples);
+  return b;
+}
+
 // The rois in the kernels' compute type (float32 for 16-bit, else their own),
-// contiguous, on the host, after their values passed the core's check.
-inline Tensor roi_align_rotated_checked_rois(const core::RoiAlignRotatedParams& p, const Tensor& rois) {
+// contiguous, on the host, after their values and the call's budgets passed the
+// core's check; *samples (when given) gets the call's bilinear samples.
+inline Tensor roi_align_rotated_checked_rois(const core::RoiAlignRotatedParams& p, const Tensor& rois,
+                                             int64_t* samples = nullptr) {
   const ScalarType t = rois.scalar_type();
   const Tensor host = prepared(to_cpu(rois), compute_type(t));
-  check_rule(t == ScalarType::Double ? core::roi_align_rotated_check_rois<double>(p, data<double>(host))
-                                     : core::roi_align_rotated_check_rois<float>(p, data<float>(host)));
+  const core::RoiAlignRotatedBudget budget = roi_align_rotated_budget();
+  check_rule(t == ScalarType::Double
+                 ? core::roi_align_rotated_check_rois<double>(p, data<double>(host), budget, samples)
+                 : core::roi_align_rotated_check_rois<float>(p, data<float>(host), budget, samples));
   return host;
 }
 

@@ -251,6 +251,21 @@ struct RoiAlignRotatedAttrs {
   }
 };
 
+// The op's budgets (core/roi_align_rotated.h says why and how large) as session config
+// entries a trusted caller sets before registering the library, for every node form of the
+// op (opforge's and mmdeploy's). Checked when the library is registered.
+inline const ConfigKey roi_align_rotated_max_output_elements_key(core::kRoiAlignRotatedMaxOutputElementsKey,
+                                                                 positive_integer_entry);
+inline const ConfigKey roi_align_rotated_max_samples_key(core::kRoiAlignRotatedMaxSamplesKey, positive_integer_entry);
+
+// The budgets of the session a kernel is created for (config_entry: only in its constructor).
+inline core::RoiAlignRotatedBudget roi_align_rotated_session_budget() {
+  core::RoiAlignRotatedBudget b;
+  b.max_output_elements = config_integer(core::kRoiAlignRotatedMaxOutputElementsKey, b.max_output_elements);
+  b.max_samples = config_integer(core::kRoiAlignRotatedMaxSamplesKey, b.max_samples);
+  return b;
+}
+
 // opforge's own node form, as the kernel template takes a node form's name (OpName::value).
 struct RoiAlignRotatedOp {
   static constexpr const char* value = "opforge::roi_align_rotated";
@@ -258,14 +273,17 @@ struct RoiAlignRotatedOp {
 
 // The kernel of every node form meaning mmcv's roi_align_rotated; OpName::value names it
 // in errors. The rois are run-time data: their values are checked on the host (Ep::Io)
-// before anything is read with them, in the compute type. ep.run(ctx, op, p, input, rois,
-// host_rois (compute type), out) computes a non-empty output.
+// before anything is read with them, in the compute type, with the session's budgets,
+// before the output is allocated. ep.run(ctx, op, p, input, rois, host_rois (compute type),
+// samples (the call's bilinear samples), out) computes a non-empty output.
 template <typename T, typename OpName, typename Ep>
 struct RoiAlignRotatedKernel {
   RoiAlignRotatedAttrs attrs;
+  core::RoiAlignRotatedBudget budget;
   Ep ep;
 
-  RoiAlignRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : attrs(info, OpName::value) {}
+  RoiAlignRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
+      : attrs(info, OpName::value), budget(roi_align_rotated_session_budget()) {}
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& input,
                       const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& output) {
@@ -277,13 +295,14 @@ struct RoiAlignRotatedKernel {
     if (Ort::Status s = io.fetch(rois.Data(), roi_values, "copying rois to the host", host); !s.IsOK()) return s;
     if (Ort::Status s = io.wait("copying rois to the host"); !s.IsOK()) return s;
     const std::vector<compute_t<T>> wide_rois = widened(host.data, roi_values);
-    if (std::string err = core::roi_align_rotated_check_rois(p, wide_rois.data()); !err.empty())
+    int64_t samples = 0;
+    if (std::string err = core::roi_align_rotated_check_rois(p, wide_rois.data(), budget, &samples); !err.empty())
       return invalid_argument(attrs.in_op_words(err));
     int64_t dims[4];
     core::roi_align_rotated_output_dims(p, dims);
     T* out = output.Allocate({dims[0], dims[1], dims[2], dims[3]});
     if (dims[0] * dims[1] * dims[2] * dims[3] == 0) return Ort::Status(nullptr);
-    return ep.run(ctx, OpName::value, p, input.Data(), rois.Data(), wide_rois.data(), out);
+    return ep.run(ctx, OpName::value, p, input.Data(), rois.Data(), wide_rois.data(), samples, out);
   }
 };
 
@@ -299,9 +318,10 @@ Ort::Status nms_rotated_shapes(const std::vector<int64_t>& boxes, const std::vec
 // Both node forms' run: the shapes checked, boxes, scores (and labels) read on the host
 // (Ep::Io) and ordered there (core::nms_rotated_prepare, in float64 geometry), the
 // suppression ep.suppress(ctx, p, plan, keep) -> Ort::Status, the kept indices stored.
-template <typename T, typename Ep>
+// L: the labels' type, int64 or a float type (integer values only, checked by the core).
+template <typename T, typename L, typename Ep>
 Ort::Status nms_rotated_run(Ep& ep, OrtKernelContext* ctx, float iou_threshold, const Ort::Custom::Tensor<T>& boxes,
-                            const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<int64_t>* labels,
+                            const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<L>* labels,
                             Ort::Custom::Tensor<int64_t>& keep_out) {
   core::NmsRotatedParams p;
   const std::vector<int64_t> label_shape = labels ? labels->Shape() : std::vector<int64_t>{};
@@ -313,16 +333,26 @@ Ort::Status nms_rotated_run(Ep& ep, OrtKernelContext* ctx, float iou_threshold, 
   typename Ep::Io io(ctx, op.c_str());
   const size_t n = static_cast<size_t>(p.boxes);
   HostView<T> host_boxes, host_scores;
-  HostView<int64_t> host_labels;
+  HostView<L> host_labels;
   if (Ort::Status s = io.fetch(boxes.Data(), 5 * n, "copying boxes to the host", host_boxes); !s.IsOK()) return s;
   if (Ort::Status s = io.fetch(scores.Data(), n, "copying scores to the host", host_scores); !s.IsOK()) return s;
   if (labels)
     if (Ort::Status s = io.fetch(labels->Data(), n, "copying idxs to the host", host_labels); !s.IsOK()) return s;
   if (Ort::Status s = io.wait("synchronising the copies"); !s.IsOK()) return s;
+  const int64_t* label_values = nullptr;
+  std::vector<int64_t> float_labels;
+  if constexpr (std::is_same_v<L, int64_t>) {
+    label_values = host_labels.data;
+  } else if (labels) {
+    const auto wide = widened(host_labels.data, n);  // float32 or double, exactly
+    if (std::string err = core::nms_rotated_float_labels(p, wide.data(), float_labels); !err.empty())
+      return invalid_argument(err);
+    label_values = float_labels.data();
+  }
   core::NmsRotatedPlan plan;
   const auto wide_boxes = widened(host_boxes.data, 5 * n);
   const auto wide_scores = widened(host_scores.data, n);
-  if (std::string err = core::nms_rotated_prepare(p, wide_boxes.data(), wide_scores.data(), host_labels.data, plan);
+  if (std::string err = core::nms_rotated_prepare(p, wide_boxes.data(), wide_scores.data(), label_values, plan);
       !err.empty())
     return invalid_argument(err);
   std::vector<int64_t> keep;
@@ -338,27 +368,37 @@ struct NmsRotatedKernel {
   NmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info) : iou_threshold(check_nms_rotated_node(info, false)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
                       Ort::Custom::Tensor<int64_t>& keep) {
-    return nms_rotated_run(ep, ctx, iou_threshold, boxes, scores, nullptr, keep);
+    return nms_rotated_run<T, int64_t>(ep, ctx, iou_threshold, boxes, scores, nullptr, keep);
   }
 };
 
-template <typename T, typename Ep>
+// L: idxs' element type (int64_t, float, double, Ort::Float16_t or Ort::BFloat16_t).
+template <typename T, typename L, typename Ep>
 struct BatchedNmsRotatedKernel {
   float iou_threshold;
   Ep ep;
   BatchedNmsRotatedKernel(const OrtApi*, const OrtKernelInfo* info)
       : iou_threshold(check_nms_rotated_node(info, true)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      const Ort::Custom::Tensor<int64_t>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
+                      const Ort::Custom::Tensor<L>& idxs, Ort::Custom::Tensor<int64_t>& keep) {
     return nms_rotated_run(ep, ctx, iou_threshold, boxes, scores, &idxs, keep);
   }
 };
 
-// Both node forms for one EP.
+// Both node forms for one EP: nms_rotated per float type; batched_nms_rotated per float type of
+// boxes and scores times idxs' five types (int64 and the float types, as the schema's).
 template <typename Ep>
 void append_nms_rotated_kernels(std::vector<LiteOpPtr>& ops, const char* ep) {
   append_float_kernels<NmsRotatedKernel, Ep>(ops, "nms_rotated", ep);
-  append_float_kernels<BatchedNmsRotatedKernel, Ep>(ops, "batched_nms_rotated", ep);
+  for_each_float_type([&](auto box_tag) {
+    using T = decltype(box_tag);
+    ops.emplace_back(
+        Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T, int64_t, Ep>>("batched_nms_rotated", ep));
+    for_each_float_type([&](auto label_tag) {
+      ops.emplace_back(Ort::Custom::CreateLiteCustomOp<BatchedNmsRotatedKernel<T, decltype(label_tag), Ep>>(
+          "batched_nms_rotated", ep));
+    });
+  });
 }
 
 }  // namespace ort

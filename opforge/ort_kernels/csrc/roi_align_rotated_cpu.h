@@ -1,7 +1,7 @@
 // opforge's roi_align_rotated computation for ORT's CPU EP, shared by the kernels of
 // every node form meaning mmcv's roi_align_rotated (opforge::roi_align_rotated,
 // mmdeploy::MMCVRoIAlignRotated): the core (core/roi_align_rotated.h) on a
-// channels-last copy of the map, parallel over rois on ORT's intra-op pool.
+// channels-last copy of the map, parallel over output bins on ORT's intra-op pool.
 // float16 / bfloat16 compute in float32 and round once (as the torch CPU kernel
 // does). The checks, the rois' values among them, are RoiAlignRotatedKernel's
 // (ort_common.h), before this runs.
@@ -27,7 +27,7 @@ struct RoiAlignRotatedCpu {
 
   template <typename T>
   Ort::Status run(OrtKernelContext* ctx, const char* /*op*/, const core::RoiAlignRotatedParams& p, const T* input,
-                  const T* /*rois*/, const compute_t<T>* wide_rois, T* out) const {
+                  const T* /*rois*/, const compute_t<T>* wide_rois, int64_t samples, T* out) const {
     using F = compute_t<T>;
     const int64_t out_numel = p.rois * p.channels * p.pooled_h * p.pooled_w;
     // The map channels-last in F (one pass: transpose and widen).
@@ -39,15 +39,17 @@ struct RoiAlignRotatedCpu {
                    core::nchw_to_nhwc(src, x.data(), p.channels, p.map_size(), begin, end,
                                       [](auto v) { return static_cast<F>(core::load(v)); });
                  });
-    const int64_t grain = core::roi_align_rotated_forward_grain(p);
+    // ORT does not tell a kernel its pool's size: planned as for many threads (threads 0)
+    const core::RoiAlignRotatedWork work = core::roi_align_rotated_work(p, 0);
+    const int64_t grain = core::roi_align_rotated_forward_grain(p, work, samples);
     if constexpr (std::is_same_v<T, F>) {
-      parallel_for(ctx, p.rois, grain, [&](int64_t begin, int64_t end) {
-        core::roi_align_rotated_forward(p, x.data(), wide_rois, out, begin, end);
+      parallel_for(ctx, work.items, grain, [&](int64_t begin, int64_t end) {
+        core::roi_align_rotated_forward(p, work, x.data(), wide_rois, out, begin, end);
       });
     } else {
       std::vector<float> y(static_cast<size_t>(out_numel));
-      parallel_for(ctx, p.rois, grain, [&](int64_t begin, int64_t end) {
-        core::roi_align_rotated_forward(p, x.data(), wide_rois, y.data(), begin, end);
+      parallel_for(ctx, work.items, grain, [&](int64_t begin, int64_t end) {
+        core::roi_align_rotated_forward(p, work, x.data(), wide_rois, y.data(), begin, end);
       });
       auto* dst = core_ptr(out);
       using Core = std::remove_pointer_t<decltype(dst)>;

@@ -2,7 +2,7 @@
 // inputs (input, rois), attributes output_height, output_width (int),
 // spatial_scale (float), sampling_ratio (int), aligned, clockwise (int 0/1),
 // output "output" — the torch schema one to one. Same core as the torch
-// extension (core/roi_align_rotated.h), parallel over rois on ORT's intra-op
+// extension (core/roi_align_rotated.h), parallel over output bins on ORT's intra-op
 // pool. float16 / bfloat16 compute in float32 and round once (as the torch CPU
 // kernel does).
 //

@@ -21,7 +21,7 @@ struct RoiAlignRotatedCuda {
 
   template <typename T>
   Ort::Status run(OrtKernelContext* ctx, const char* op, const core::RoiAlignRotatedParams& p, const T* input,
-                  const T* rois, const compute_t<T>* /*wide_rois*/, T* out) const {
+                  const T* rois, const compute_t<T>* /*wide_rois*/, int64_t /*samples*/, T* out) const {
     return cuda_status(core::cuda::roi_align_rotated_forward(gpu_dtype<T>(), p, input, rois, out, compute_stream(ctx)),
                        op, "CUDA kernel launch");
   }
