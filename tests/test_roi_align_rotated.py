@@ -4,10 +4,15 @@ from the op's definition (forward and autograd gradient), the spec's numpy refer
 torchvision's roi_align at angle 0; geometric identities (a half turn flips the bins, a quarter
 turn with w and h swapped rotates them); gradcheck and gradgradcheck; check_op's round trips
 (opcheck, references, both exporters, ORT, bad samples); one exported model (with nms_rotated and
-batched_nms_rotated) serving other roi and box counts; and hostile rois and attributes, which torch
-and ONNX Runtime refuse alike, naming the op, the roi and the argument."""
+batched_nms_rotated) serving other roi and box counts; hostile rois and attributes, which torch
+and ONNX Runtime refuse alike, naming the op, the roi and the argument; and the budgets on output
+elements and bilinear samples: the red team's calls refused before any work, raised budgets (torch:
+opforge.set_budget; ORT: session config entries) running calls past the defaults against an analytic
+reference."""
 
+import contextlib
 import math
+import time
 import warnings
 
 import numpy as np
@@ -706,3 +711,178 @@ def test_function_apply_exports_with_its_symbolic():
         (got,) = sess.run(None, {"feat": feat.numpy(), "rois": r.numpy()})
         want = 2 * torch_roi_align_rotated(feat, r, (3, 2), 0.25, 0, False, True)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- budgets: output elements and bilinear samples, refused before any work ----------------------
+
+MAX_OUT = "opforge.roi_align_rotated.max_output_elements"
+MAX_SAMPLES = "opforge.roi_align_rotated.max_samples"
+_OUT_HINT = rf" output elements; a trusted caller raises it with '{MAX_OUT}' \(an ONNX Runtime session config entry"
+_SAMPLES_HINT = rf" samples; a trusted caller raises it with '{MAX_SAMPLES}' \(an ONNX Runtime session config entry"
+
+
+def _hostile_budget_cases():
+    """The red team's three calls, each within the shape and attribute rules: (name, input, rois, output
+    size, sampling_ratio, message). One roi of 1024 x 1024 bins x 256 x 256 samples on a 1 x 1 map ran 370 s;
+    36,000 adaptive rois of 1,792 px (864 KB of rois) ran past 60 s; 300 rois of 1024 x 1024 make 1.2 GB."""
+    one = torch.zeros(1, 1, 1, 1)
+    roi = torch.tensor([[0, 0.5, 0.5, 1.0, 1.0, 0.3]])
+    yield ("samples-fixed", one, roi, 1024, 256,
+           r"the call would take 68719476736 bilinear samples \(K x C x output_height x output_width x "
+           r"sampling_ratio\^2 = 1 x 1 x 1024 x 1024 x 65536\), over the budget of 2147483648" + _SAMPLES_HINT)
+    big = torch.tensor([[0, 0.5, 0.5, 1792.0, 1792.0, 0.3]]).repeat(36_000, 1)
+    yield ("samples-adaptive", one, big, 7, 0,
+           r"the call would take 115605504000 bilinear samples \(K x C x output_height x output_width x points per "
+           r"bin, each roi's adaptive grid counted: 36000 x 1 x 7 x 7 x up to 256 x 256\), over the budget of "
+           r"2147483648" + _SAMPLES_HINT)
+    yield ("output", one, roi.repeat(300, 1), 1024, 1,
+           r"the output \(K, C, output_height, output_width\) = \[300, 1, 1024, 1024\] has 314572800 elements, over "
+           r"the budget of 67108864" + _OUT_HINT)
+
+
+BUDGET_CASES = list(_hostile_budget_cases())
+_BUDGET_IDS = [c[0] for c in BUDGET_CASES]
+
+
+class _Quick:
+    """Asserts that the block took under a second: the budget refuses before the work (which took minutes)."""
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        assert time.perf_counter() - self.start < 1.0, "the refusal took the time of the work"
+
+
+@pytest.mark.parametrize("name,x,rois,size,sr,match", BUDGET_CASES, ids=_BUDGET_IDS)
+def test_budgets_refuse_the_hostile_calls_in_torch_quickly(name, x, rois, size, sr, match):
+    with _Quick(), pytest.raises(opforge.OpInputError, match=f"^{OP}: {match}"):
+        opforge.roi_align_rotated(x, rois, size, 1.0, sr)
+    with _Quick(), pytest.raises(RuntimeError, match=f"^{OP}: {match}"):
+        torch.ops.opforge.roi_align_rotated(x, rois, size, size, 1.0, sr, True, False)
+    # the backward takes the same samples (its output is the input's size)
+    grad = torch.ones(1, 1, 1, 1).expand(rois.shape[0], 1, size, size)
+    if name != "output":
+        with _Quick(), pytest.raises(RuntimeError, match=f"^{OP}: {match}"):
+            torch.ops.opforge._roi_align_rotated_backward(grad, rois, [1, 1, 1, 1], size, size, 1.0, sr, True, False)
+
+
+def _roi_session(x, rois, size, sr, entries=()):
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    for key, value in entries:
+        options.add_session_config_entry(key, str(value))  # before the library is registered
+    return opforge.ort_session(single_node_model(ROI_ALIGN_ROTATED, (x, rois, size, size, 1.0, sr, True, False)),
+                               options)
+
+
+@pytest.mark.parametrize("name,x,rois,size,sr,match", BUDGET_CASES, ids=_BUDGET_IDS)
+def test_budgets_refuse_the_hostile_calls_in_ort_quickly(name, x, rois, size, sr, match):
+    sess = _roi_session(x, rois, size, sr)
+    with _Quick(), pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument,
+                                 match=f"INVALID_ARGUMENT.*{OP}: {match}"):
+        sess.run(None, {"input": x.numpy(), "rois": rois.numpy()})
+
+
+def test_budgets_are_listed_and_checked_in_torch():
+    assert opforge.budgets() == {MAX_OUT: (1 << 26, 1 << 26), MAX_SAMPLES: (1 << 31, 1 << 31)}
+    with pytest.raises(ValueError, match=r"no budget named 'opforge.roi_align_rotated.max_sample'; this library's "
+                                         r"budgets:\nopforge.roi_align_rotated.max_output_elements\t67108864"):
+        opforge.set_budget("opforge.roi_align_rotated.max_sample", 10)
+    for bad in (0, -3, 2 ** 63, 1.5, True):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            opforge.set_budget(MAX_SAMPLES, bad)
+    assert opforge.budgets()[MAX_SAMPLES] == (1 << 31, 1 << 31)
+
+
+def test_ort_budget_entries_are_checked_when_the_library_is_registered():
+    x, rois = torch.zeros(1, 1, 1, 1), torch.tensor([[0, 0.5, 0.5, 1.0, 1.0, 0.3]])
+    for value in ("0", "-1", "12abc", "", "99999999999999999999"):
+        with pytest.raises(Exception, match=rf"session config entry '{MAX_SAMPLES}' must be a positive integer, got "
+                                            rf"'{value}'"):
+            _roi_session(x, rois, 2, 1, [(MAX_SAMPLES, value)])
+
+
+def linear_case(k, c, size, seed=0):
+    """(input, rois, reference): a map linear in (y, x) per channel, a_c y + b_c x + d_c with small-integer
+    values (exact in float32), and rotated rois well inside it. Bilinear sampling is exact on such a map
+    and a bin's points are symmetric about its centre, so every bin is the map's value at the rotated bin
+    centre: an analytic reference that stays cheap for outputs of millions of bins (check_linear)."""
+    g = torch.Generator().manual_seed(seed)
+    h = w = 64
+    a, b, d = (torch.randint(-3, 4, (c,), generator=g).double() for _ in range(3))
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
+    x = (a[:, None, None] * ys + b[:, None, None] * xs + d[:, None, None]).float().unsqueeze(0)
+    angle = torch.rand(k, generator=g, dtype=torch.float64) * 6 - 3
+    cx, cy = 32.5 + torch.rand(k, generator=g, dtype=torch.float64), 32.5 + torch.rand(k, generator=g, dtype=torch.float64)
+    # 40 x 30 px: corners within 25 px of (32, 32), so no sample is clamped or outside
+    rois = torch.stack([torch.zeros(k, dtype=torch.float64), cx, cy, torch.full((k,), 40.0, dtype=torch.float64),
+                        torch.full((k,), 30.0, dtype=torch.float64), angle], 1)
+    centre = (torch.arange(size, dtype=torch.float64) + 0.5) / size - 0.5  # bin centres, in roi units
+    yy, xx = centre[None, :, None] * 30.0, centre[None, None, :] * 40.0
+    cos, sin = angle.cos()[:, None, None], angle.sin()[:, None, None]
+    py = yy * cos - xx * sin + (cy - 0.5)[:, None, None]  # aligned: the half-pixel offset
+    px = yy * sin + xx * cos + (cx - 0.5)[:, None, None]
+    return x, rois.float(), (a.float(), b.float(), d.float(), py.float(), px.float())
+
+
+def check_linear(got, reference, atol=2e-3):
+    """got (K, C, size, size) against linear_case's reference, one channel at a time (no 4-D temporaries)."""
+    a, b, d, py, px = reference
+    got = torch.as_tensor(got)
+    assert got.shape == (py.shape[0], a.shape[0], *py.shape[1:])
+    for c in range(got.shape[1]):
+        err = (got[:, c] - (a[c] * py + b[c] * px + d[c])).abs().max().item()
+        assert err <= atol, f"channel {c}: max |diff| {err}"
+
+
+@contextlib.contextmanager
+def budget(name, value):
+    old = opforge.set_budget(name, value)
+    try:
+        yield
+    finally:
+        opforge.set_budget(name, old)
+
+
+_OVER_OUT = r"has 68157440 elements, over the budget of 67108864"
+
+
+def test_a_raised_output_budget_runs_a_larger_call_in_torch():
+    # 1 x 65 x 1024 x 1024 = 68,157,440 elements: 1.6% over the default
+    x, rois, reference = linear_case(1, 65, 1024)
+    with pytest.raises(opforge.OpInputError, match=_OVER_OUT):
+        opforge.roi_align_rotated(x, rois, 1024, 1.0, 1)
+    with budget(MAX_OUT, 70_000_000):
+        got = opforge.roi_align_rotated(x, rois, 1024, 1.0, 1)
+    assert opforge.budgets()[MAX_OUT] == (1 << 26, 1 << 26)  # restored
+    check_linear(got, reference)
+
+
+def test_a_raised_output_budget_runs_a_larger_call_in_ort():
+    x, rois, reference = linear_case(1, 65, 1024)
+    feeds = {"input": x.numpy(), "rois": rois.numpy()}
+    with pytest.raises(Exception, match=f"INVALID_ARGUMENT.*{OP}: .*{_OVER_OUT}"):
+        _roi_session(x, rois, 1024, 1).run(None, feeds)
+    (got,) = _roi_session(x, rois, 1024, 1, [(MAX_OUT, 70_000_000)]).run(None, feeds)
+    check_linear(got, reference)
+
+
+def test_a_raised_samples_budget_runs_a_larger_call_in_torch_and_ort():
+    # 8 x 256 x 64 x 64 x 17^2 = 2.42e9 samples: 1.13x the default
+    x, rois, reference = linear_case(8, 256, 64)
+    match = r"the call would take 2424307712 bilinear samples .* over the budget of 2147483648"
+    with pytest.raises(opforge.OpInputError, match=match):
+        opforge.roi_align_rotated(x, rois, 64, 1.0, 17)
+    with budget(MAX_SAMPLES, 3 << 30):
+        check_linear(opforge.roi_align_rotated(x, rois, 64, 1.0, 17), reference)
+    # ORT: per SessionOptions; another session keeps the default
+    feeds = {"input": x.numpy(), "rois": rois.numpy()}
+    (got,) = _roi_session(x, rois, 64, 17, [(MAX_SAMPLES, 3 << 30)]).run(None, feeds)
+    check_linear(got, reference)
+    with pytest.raises(Exception, match=f"INVALID_ARGUMENT.*{OP}: {match}"):
+        _roi_session(x, rois, 64, 17).run(None, feeds)
+    # a lowered budget refuses what the default allows (the same library, another registration)
+    with pytest.raises(Exception, match=r"the call would take 16384 bilinear samples .* over the budget of 1000"):
+        _roi_session(x, rois[:1], 4, 2, [(MAX_SAMPLES, 1000)]).run(None, {"input": x.numpy(),
+                                                                         "rois": rois[:1].numpy()})

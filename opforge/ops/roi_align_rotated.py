@@ -183,7 +183,9 @@ def roi_align_rotated(input: torch.Tensor, rois: torch.Tensor, output_size: Unio
                       clockwise: bool = False) -> torch.Tensor:
     """Rotated RoI Align: ``(K, C, output_height, output_width)``. Arguments and semantics of
     mmcv's ``roi_align_rotated`` (see the module docstring); differentiable in ``input``. Bad
-    input raises :class:`opforge.OpInputError` naming the argument."""
+    input raises :class:`opforge.OpInputError` naming the argument, and so does a call over the
+    op's budgets of output elements and bilinear samples (docs/ops.md; :func:`opforge.set_budget`
+    raises them)."""
     oh, ow = _pair(output_size)
     try:
         return roi_align_rotated_op(input, rois, oh, ow, float(spatial_scale), int(sampling_ratio), bool(aligned),
