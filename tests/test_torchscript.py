@@ -10,6 +10,10 @@ import torch
 
 import opforge
 
+# torch 2.14 deprecates TorchScript (torch.jit.script / save / load warn on each call); scripting is what
+# these tests exercise, so those warnings are expected here and not counted.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")
+
 
 #: What a scripted call raises: the kernel's RuntimeError as is, an exception raised by the wrapper's
 #: own TorchScript code as torch.jit.Error (with the message).
